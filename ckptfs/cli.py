@@ -1,0 +1,237 @@
+"""The ``ckptfs`` command: argument parsing, the mount handshake, and the control-socket
+client.  Each failure ends with one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_STATE_ROOT = Path("/var/lib/ckptfs")
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1:] if t[-1:] in SIZE_UNITS and t[-1:] else ""
+    number = t[:-1] if unit else t
+    try:
+        return int(float(number) * SIZE_UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+
+
+def default_state_dir(mountpoint: Path) -> Path:
+    name = str(mountpoint.resolve()).strip("/").replace("/", "-") or "root"
+    return DEFAULT_STATE_ROOT / name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckptfs", description="FUSE filesystem for ML "
+                                     "checkpoints, published atomically to an object store")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("mount", help="mount a store")
+    m.add_argument("mountpoint", type=Path)
+    m.add_argument("--store", required=True, help="file:///path or s3://bucket/prefix")
+    m.add_argument("--state-dir", type=Path, help="node-local state (default "
+                   "/var/lib/ckptfs/<mountpoint>)")
+    m.add_argument("--durability", choices=("sync", "async"), default="sync")
+    m.add_argument("--endpoint-url", help="S3 endpoint (default: AWS variables/config)")
+    m.add_argument("--foreground", action="store_true", help="stay in the foreground")
+    m.add_argument("--single-writer", action="store_true",
+                   help="accept a store without conditional writes")
+    m.add_argument("--chunk-size", type=parse_size, default=8 << 20)
+    m.add_argument("--cache-size", type=parse_size, default=8 << 30)
+    m.add_argument("--metadata-ttl", type=float, default=1.0)
+    m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
+    m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    u = sub.add_parser("umount", help="finish pending uploads, then unmount")
+    u.add_argument("mountpoint", type=Path)
+
+    s = sub.add_parser("status", help="show what a mount is doing")
+    s.add_argument("mountpoint", type=Path)
+
+    w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
+    w.add_argument("path", type=Path)
+    return parser
+
+
+def fail(message: str, code: int = 1) -> int:
+    print(f"ckptfs: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "mount":
+        return cmd_mount(args)
+    if args.command == "umount":
+        return cmd_umount(args.mountpoint)
+    if args.command == "status":
+        return cmd_status(args.mountpoint)
+    if args.command == "wait":
+        return cmd_wait(args.path)
+    return fail(f"unknown command {args.command}")
+
+
+# --------------------------------------------------------------------------- mount
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .daemon import MountError, check_mountpoint
+    from .store import BadStoreURL, open_store
+
+    mountpoint = args.mountpoint.absolute()
+    state_dir = (args.state_dir or default_state_dir(mountpoint)).absolute()
+    # Cheap checks first, so mistakes fail without a daemon.
+    try:
+        open_store(args.store, args.endpoint_url)
+        check_mountpoint(mountpoint)
+    except (BadStoreURL, MountError) as exc:
+        return fail(str(exc))
+    if args.foreground:
+        return run_foreground(args, mountpoint, state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    log_file = args.log_file or state_dir / "ckptfs.log"
+    read_fd, write_fd = os.pipe()
+    cmd = [sys.executable, "-m", "ckptfs", *(["-v"] if args.verbose else []), "mount",
+           str(mountpoint), "--store", args.store, "--state-dir", str(state_dir),
+           "--durability", args.durability, "--foreground", "--ready-fd", str(write_fd),
+           "--chunk-size", str(args.chunk_size), "--cache-size", str(args.cache_size),
+           "--metadata-ttl", str(args.metadata_ttl), "--log-file", str(log_file)]
+    if args.endpoint_url:
+        cmd += ["--endpoint-url", args.endpoint_url]
+    if args.single_writer:
+        cmd.append("--single-writer")
+    with open(log_file, "ab") as log_out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
+                                pass_fds=(write_fd,), start_new_session=True)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        message = pipe.read().decode(errors="replace").strip()
+    if message.startswith("OK"):
+        print(f"ckptfs: mounted {args.store} on {mountpoint} (pid {proc.pid}, log {log_file})")
+        return 0
+    proc.wait()
+    if message.startswith("ERR "):
+        return fail(message[4:])
+    return fail(f"daemon exited with status {proc.returncode} before mounting; see {log_file}")
+
+
+def run_foreground(args: argparse.Namespace, mountpoint: Path, state_dir: Path) -> int:
+    import trio
+
+    from .daemon import Daemon, MountError, MountOptions
+    from .fs import Config
+
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if args.log_file and args.ready_fd is None:
+        handlers = [logging.FileHandler(args.log_file)]
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config = Config(durability=args.durability, chunk_size=args.chunk_size,
+                    cache_size=args.cache_size, metadata_ttl=args.metadata_ttl)
+    wrap = None
+    if os.environ.get("CKPTFS_FAULTS"):
+        from .faults import FaultInjectingStore, FaultPlan
+        plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
+        wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
+    opts = MountOptions(mountpoint=mountpoint, store_url=args.store, state_dir=state_dir,
+                        endpoint_url=args.endpoint_url, single_writer=args.single_writer,
+                        config=config)
+    ready_fd = args.ready_fd
+
+    def on_ready() -> None:
+        nonlocal ready_fd
+        if ready_fd is not None:
+            os.write(ready_fd, b"OK\n")
+            os.close(ready_fd)
+            ready_fd = None
+
+    try:
+        trio.run(Daemon(opts, store_wrap=wrap).run, on_ready)
+    except MountError as exc:
+        logging.getLogger("ckptfs").error("mount failed: %s", exc)
+        if ready_fd is not None:
+            os.write(ready_fd, f"ERR {exc}\n".encode())
+            return 1
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+# --------------------------------------------------------------------------- control socket
+
+
+def control_request(mountpoint: Path, request: dict):
+    """Send a request to the daemon serving ``mountpoint``; yield its replies."""
+    try:
+        path = os.getxattr(mountpoint, "user.ckptfs.control").decode()
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise ConnectionError(f"{mountpoint}: the daemon is gone (transport endpoint "
+                                  "not connected)") from None
+        raise ConnectionError(f"{mountpoint} is not a ckptfs mount ({exc.strerror})") from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    with sock, sock.makefile("rb") as replies:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        for line in replies:
+            yield json.loads(line)
+
+
+def cmd_umount(mountpoint: Path) -> int:
+    mountpoint = mountpoint.absolute()
+    try:
+        for reply in control_request(mountpoint, {"cmd": "umount"}):
+            if "pending_uploads" in reply:
+                print(f"ckptfs: waiting for {reply['pending_uploads']} pending upload(s)",
+                      file=sys.stderr)
+            if reply.get("error"):
+                return fail(reply["error"])
+    except ConnectionError as exc:
+        if "daemon is gone" in str(exc):
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+            return fail(f"{exc}; lazily unmounted")
+        return fail(str(exc))
+    deadline = time.monotonic() + 60
+    while os.path.ismount(mountpoint):
+        if time.monotonic() > deadline:
+            return fail(f"{mountpoint} is still mounted after 60 s")
+        time.sleep(0.05)
+    return 0
+
+
+def cmd_status(mountpoint: Path) -> int:
+    try:
+        for reply in control_request(mountpoint.absolute(), {"cmd": "status"}):
+            print(json.dumps(reply, indent=2, sort_keys=True))
+    except ConnectionError as exc:
+        return fail(str(exc))
+    return 0
+
+
+def cmd_wait(path: Path) -> int:
+    mount = path.absolute()
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        for reply in control_request(mount, {"cmd": "wait"}):
+            if "pending_uploads" in reply:
+                print(f"ckptfs: {reply['pending_uploads']} upload(s) pending", file=sys.stderr)
+    except ConnectionError as exc:
+        return fail(str(exc))
+    return 0

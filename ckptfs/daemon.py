@@ -1,0 +1,261 @@
+"""The daemon: opens the store, checks it, mounts, runs FUSE beside the background
+tasks in one trio nursery, serves the control socket, and shuts down in order (drain
+uploads, unmount, close LMDB).  Knows nothing of FUSE request details.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from .fs import Config, Filesystem
+from .fuse_ops import FuseOps
+from .namespace import Namespace
+from .remote import FORMAT_KEY, FORMAT_VERSION
+from .staging import ChunkCache, Staging
+from .store import (CountingStore, ObjectStore, RetryingStore, StoreError, StoreStats,
+                    open_store)
+
+log = logging.getLogger(__name__)
+
+
+class MountError(Exception):
+    """The mount cannot proceed; the message is the one-line reason for the user."""
+
+
+@dataclass
+class MountOptions:
+    mountpoint: Path
+    store_url: str
+    state_dir: Path
+    endpoint_url: str | None = None
+    single_writer: bool = False
+    allow_other: bool = True
+    config: Config | None = None
+
+
+def control_socket_path(state_dir: Path) -> str:
+    path = str(state_dir / "control.sock")
+    if len(path.encode()) < 100:
+        return path
+    digest = hashlib.sha1(path.encode()).hexdigest()[:16]
+    return f"/tmp/ckptfs-{digest}.sock"
+
+
+def check_mountpoint(path: Path) -> None:
+    if not path.exists():
+        raise MountError(f"mount point {path} does not exist")
+    if not path.is_dir():
+        raise MountError(f"mount point {path} is not a directory")
+    if os.path.ismount(path):
+        raise MountError(f"{path} is already a mount point")
+    if any(os.scandir(path)):
+        raise MountError(f"mount point {path} is not empty")
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    for sub in ("", "staging", "cache", "abandoned"):
+        d = state_dir / sub
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)
+
+
+def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
+                wrap=None) -> ObjectStore:
+    try:
+        raw = open_store(url, endpoint_url)
+    except ValueError as exc:
+        raise MountError(str(exc)) from None
+    if wrap is not None:
+        raw = wrap(raw)
+    return RetryingStore(CountingStore(raw, stats), stats=stats)
+
+
+def probe_store(store: ObjectStore, single_writer: bool) -> None:
+    """Fail fast, with one line, if the store cannot be used (DESIGN.md promise 8)."""
+    try:
+        store.check()
+        key = f"probe/{uuid.uuid4().hex}"
+        if not store.put_if_absent(key, b"1"):
+            raise MountError("store refused a fresh conditional write")
+        honoured = not store.put_if_absent(key, b"2")
+        store.delete(key)
+        if not honoured and not single_writer:
+            raise MountError("store does not honour conditional writes (If-None-Match: *); "
+                             "mount with --single-writer if only one node writes")
+        marker = json.dumps({"format": FORMAT_VERSION}).encode()
+        if not store.put_if_absent(FORMAT_KEY, marker):
+            body, _ = store.get(FORMAT_KEY)
+            try:
+                version = json.loads(body).get("format")
+            except (ValueError, AttributeError):
+                version = None
+            if version != FORMAT_VERSION:
+                raise MountError(f"store holds ckptfs format {version!r}, this is "
+                                 f"{FORMAT_VERSION}")
+    except StoreError as exc:
+        raise MountError(str(exc)) from None
+
+
+def sd_notify(message: str) -> None:
+    target = os.environ.get("NOTIFY_SOCKET")
+    if not target:
+        return
+    if target.startswith("@"):
+        target = "\0" + target[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(message.encode(), target)
+        except OSError as exc:
+            log.warning("sd_notify failed: %s", exc)
+
+
+class Daemon:
+    def __init__(self, opts: MountOptions, store_wrap=None) -> None:
+        self.opts = opts
+        self.config = opts.config or Config()
+        self.stats = StoreStats()
+        self.store_wrap = store_wrap
+        self.fs: Filesystem | None = None
+        self._shutdown = trio.Event()
+        self._terminated = False
+
+    async def run(self, on_ready) -> None:
+        opts = self.opts
+        check_mountpoint(opts.mountpoint)
+        prepare_state_dir(opts.state_dir)
+        store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap)
+        await trio.to_thread.run_sync(probe_store, store, opts.single_writer)
+        try:
+            ns = Namespace(opts.state_dir / "meta.lmdb")
+        except Exception as exc:  # lmdb.Error and friends
+            raise MountError(f"cannot open {opts.state_dir / 'meta.lmdb'}: {exc}") from None
+        bound = ns.meta_get("store_url")
+        if bound is None:
+            ns.meta_put("store_url", store.url)
+        elif bound != store.url:
+            ns.close()
+            raise MountError(f"state dir {opts.state_dir} belongs to store {bound}, "
+                             f"not {store.url}")
+        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
+        cache = ChunkCache(opts.state_dir / "cache", store, self.config.cache_size,
+                           trio.CapacityLimiter(self.config.fetch_concurrency))
+        control_path = control_socket_path(opts.state_dir)
+        try:
+            async with trio.open_nursery() as nursery:
+                fs = self.fs = Filesystem(ns, store, staging, cache, self.config, nursery,
+                                          invalidate=lambda ino: nursery.start_soon(
+                                              self._invalidate, ino))
+                ops = FuseOps(fs, control_path, self.config.metadata_ttl)
+                options = set(pyfuse3.default_options)
+                options |= {"fsname=ckptfs", "subtype=ckptfs"}
+                if opts.allow_other:
+                    options.add("allow_other")
+                try:
+                    pyfuse3.init(ops, str(opts.mountpoint), options)
+                except RuntimeError as exc:
+                    raise MountError(f"FUSE mount failed: {exc}") from None
+                try:
+                    await nursery.start(fs.queue.run)
+                    await fs.replay_journal()
+                    await nursery.start(self._serve_control, control_path)
+                    nursery.start_soon(self._signals)
+                    nursery.start_soon(self._shutdown_when_asked)
+                    log.info("mounted %s on %s", store.url, opts.mountpoint)
+                    on_ready()
+                    sd_notify("READY=1")
+                    await pyfuse3.main()
+                finally:
+                    self._terminated = True
+                    pyfuse3.close(unmount=True)
+                log.info("unmounted %s; finishing %d pending uploads", opts.mountpoint,
+                         fs.pending_uploads())
+                await fs.queue.wait_idle()
+                nursery.cancel_scope.cancel()
+        finally:
+            staging.close_all()
+            ns.close()
+            try:
+                os.unlink(control_path)
+            except FileNotFoundError:
+                pass
+
+    async def _invalidate(self, ino: int) -> None:
+        if self._terminated:
+            return
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
+        except (FileNotFoundError, OSError):
+            pass
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal %d: unmounting after pending uploads", signum)
+                self._shutdown.set()
+
+    async def _shutdown_when_asked(self) -> None:
+        await self._shutdown.wait()
+        await self.fs.queue.wait_idle()
+        sd_notify("STOPPING=1")
+        if not self._terminated:
+            pyfuse3.terminate()
+
+    async def _serve_control(self, path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(16)
+        listener = trio.SocketListener(sock)
+        task_status.started()
+        await trio.serve_listeners(self._control_client, [listener])
+
+    async def _control_client(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while not data.endswith(b"\n"):
+                piece = await stream.receive_some(65536)
+                if not piece:
+                    return
+                data += piece
+            try:
+                request = json.loads(data)
+                command = request["cmd"]
+            except (ValueError, KeyError, TypeError):
+                await stream.send_all(b'{"error": "bad request"}\n')
+                return
+            fs = self.fs
+            assert fs is not None
+
+            async def send(doc: dict) -> None:
+                await stream.send_all(json.dumps(doc).encode() + b"\n")
+
+            if command == "status":
+                await send({"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
+                            "store": self.opts.store_url, "durability": self.config.durability,
+                            "fs": fs.stats(), "store_stats": self.stats.snapshot()})
+            elif command in ("umount", "wait"):
+                while fs.pending_uploads():
+                    await send({"pending_uploads": fs.pending_uploads(),
+                                "failing": fs.queue.failing})
+                    with trio.move_on_after(1):
+                        await fs.queue.wait_idle()
+                if command == "umount":
+                    self._shutdown.set()
+                await send({"ok": True, "done": True})
+            else:
+                await send({"error": f"unknown command {command!r}"})

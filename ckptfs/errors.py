@@ -1,0 +1,35 @@
+"""Errors of the filesystem core and their errno: the one place where a failure gets
+its number.  Knows nothing of FUSE (the adapter turns ``FsError`` into ``FUSEError``)."""
+
+from __future__ import annotations
+
+import errno
+
+
+class FsError(Exception):
+    """A filesystem operation failed with ``errno``; ``reason`` is for the log."""
+
+    def __init__(self, err: int, reason: str = "") -> None:
+        super().__init__(f"{errno.errorcode.get(err, err)}: {reason}")
+        self.errno = err
+        self.reason = reason
+
+    @classmethod
+    def enoent(cls, reason: str = "") -> "FsError":
+        return cls(errno.ENOENT, reason)
+
+
+def errno_of(exc: BaseException) -> int:
+    """The errno a FUSE caller should see for an exception raised below the FUSE layer."""
+    from .remote import BadEntry
+    from .store import StoreError
+
+    if isinstance(exc, FsError):
+        return exc.errno
+    if isinstance(exc, BadEntry):
+        return errno.EIO
+    if isinstance(exc, StoreError):
+        return errno.EIO
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO

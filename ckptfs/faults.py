@@ -1,0 +1,126 @@
+"""A fault-injecting ``ObjectStore`` wrapper (mountpoint-s3's failure-injecting client).
+
+Tests start a daemon with ``CKPTFS_FAULTS`` set to a JSON plan; the wrapper sits under
+the retry layer, so injected transient errors exercise the real back-off.  A plan may be
+changed while the daemon runs by rewriting the file named in ``"control_file"``.
+Knows nothing above the store protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .store import ListedObject, ObjectStore, StoreError, TransientStoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FaultRule:
+    op: str = "*"                  # put, put_if_absent, get, get_range, exists, list, delete
+    prefix: str = ""               # only keys starting with this
+    kind: str = "transient"        # transient | permanent | corrupt | no_conditional
+    times: int = -1                # how many times to fire; -1 = always
+    delay: float = 0.0             # seconds to sleep before the call
+
+
+@dataclass
+class FaultPlan:
+    rules: list[FaultRule] = field(default_factory=list)
+    control_file: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> "FaultPlan":
+        doc = json.loads(text)
+        return cls(rules=[FaultRule(**r) for r in doc.get("rules", [])],
+                   control_file=doc.get("control_file"))
+
+
+class FaultInjectingStore:
+    def __init__(self, inner: ObjectStore, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.plan = plan
+        self.url = inner.url
+        self._lock = threading.Lock()
+        self._control_mtime = 0.0
+
+    def _reload(self) -> None:
+        if not self.plan.control_file:
+            return
+        path = Path(self.plan.control_file)
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self._control_mtime:
+            self._control_mtime = mtime
+            self.plan.rules = FaultPlan.from_json(path.read_text()).rules
+
+    def _rule(self, op: str, key: str) -> FaultRule | None:
+        with self._lock:
+            self._reload()
+            for rule in self.plan.rules:
+                if rule.op in ("*", op) and key.startswith(rule.prefix) and rule.times != 0:
+                    if rule.times > 0:
+                        rule.times -= 1
+                    return rule
+        return None
+
+    def _before(self, op: str, key: str) -> FaultRule | None:
+        rule = self._rule(op, key)
+        if rule is None:
+            return None
+        if rule.delay:
+            time.sleep(rule.delay)
+        if rule.kind == "transient":
+            raise TransientStoreError(f"injected transient fault on {op} {key}")
+        if rule.kind == "permanent":
+            raise StoreError(f"injected fault on {op} {key}")
+        return rule
+
+    def check(self) -> None:
+        self._before("check", "")
+        self.inner.check()
+
+    def put(self, key: str, data: bytes) -> str:
+        self._before("put", key)
+        return self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        rule = self._before("put_if_absent", key)
+        if rule is not None and rule.kind == "no_conditional":
+            self.inner.put(key, data)
+            return True
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        rule = self._before("get", key)
+        body, etag = self.inner.get(key)
+        if rule is not None and rule.kind == "corrupt" and body:
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
+        return body, etag
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        rule = self._before("get_range", key)
+        body = self.inner.get_range(key, start, end)
+        if rule is not None and rule.kind == "corrupt" and body:
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
+        return body
+
+    def exists(self, key: str) -> bool:
+        self._before("exists", key)
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        self._before("list", prefix)
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self._before("delete", key)
+        self.inner.delete(key)

@@ -1,0 +1,889 @@
+"""The filesystem core: POSIX semantics over the namespace, staging, cache and store.
+
+``Filesystem`` is FUSE-agnostic (mountpoint-s3's split): the FUSE adapter and the
+control socket call it; it raises ``FsError`` with an errno.  Remote metadata steps
+(mkdir, unlink, rename, publishing an entry) are awaited here; namespace changes that
+belong together happen with no ``await`` between them.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat as stat_mod
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from .errors import FsError
+from .namespace import ROOT_INO, Inode, Namespace
+from .procstat import Opener, died_unclean
+from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
+from .remote import BadEntry, Entry, check_name, decode_name, dir_prefix, entry_key
+from .staging import ChunkCache, Staging
+from .store import NotFound, ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+@dataclass
+class Config:
+    durability: str = "sync"
+    chunk_size: int = 8 << 20
+    metadata_ttl: float = 1.0
+    cache_size: int = 8 << 30
+    upload_concurrency: int = 4
+    fetch_concurrency: int = 8
+    readahead_chunks: int = 2
+
+
+@dataclass
+class Handle:
+    fh: int
+    ino: int
+    opener: Opener
+    writable: bool
+    wrote: bool = False
+    failed: bool = False
+
+
+@dataclass
+class Runtime:
+    """In-memory state of an inode that is open or being published."""
+
+    handles: set[int] = field(default_factory=set)
+    writers: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    tracker: ChunkTracker | None = None
+    write_gen: int = 0              # bumped by every write and truncate
+
+
+class Filesystem:
+    def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging, cache: ChunkCache,
+                 config: Config, nursery: trio.Nursery,
+                 invalidate: Callable[[int], None] = lambda ino: None) -> None:
+        self.ns = ns
+        self.store = store
+        self.staging = staging
+        self.cache = cache
+        self.config = config
+        self.nursery = nursery
+        self.invalidate = invalidate
+        self.handles: dict[int, Handle] = {}
+        self.runtime: dict[int, Runtime] = {}
+        self._next_fh = 1
+        self._dir_mutations: dict[int, int] = {}
+        self._refreshing: dict[int, trio.Event] = {}
+        self.meta_limiter = trio.CapacityLimiter(16)
+        known = ns.known_chunks()
+        self.uploader = ChunkUploader(store, known, trio.CapacityLimiter(config.upload_concurrency),
+                                      ns.chunk_mark)
+        self.queue = PublishQueue(self._publish_from_queue)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _rt(self, ino: int) -> Runtime:
+        rt = self.runtime.get(ino)
+        if rt is None:
+            rt = self.runtime[ino] = Runtime()
+        return rt
+
+    def _is_open(self, ino: int) -> bool:
+        rt = self.runtime.get(ino)
+        return bool(rt and rt.handles)
+
+    def _writers(self, ino: int) -> int:
+        rt = self.runtime.get(ino)
+        return rt.writers if rt else 0
+
+    def _drop_rt(self, ino: int) -> None:
+        rt = self.runtime.get(ino)
+        if rt and not rt.handles and not rt.lock.locked():
+            del self.runtime[ino]
+
+    def _touch_dir(self, ino: int) -> None:
+        self._dir_mutations[ino] = self._dir_mutations.get(ino, 0) + 1
+
+    def _dir(self, ino: int) -> Inode:
+        inode = self.ns.get(ino)
+        if inode.type != "dir":
+            raise FsError(errno.ENOTDIR)
+        return inode
+
+    def _entry_of(self, inode: Inode) -> Entry:
+        return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
+                     mtime_ns=inode.mtime_ns,
+                     size=inode.published_size if inode.type == "file" else 0,
+                     chunks=list(inode.chunks),
+                     id=inode.dir_id, target=inode.target)
+
+    async def _store(self, fn, *args):
+        async with self.meta_limiter:
+            try:
+                return await trio.to_thread.run_sync(fn, *args)
+            except NotFound:
+                raise
+            except StoreError as exc:
+                log.error("store error: %s", exc)
+                raise FsError(errno.EIO, str(exc)) from None
+
+    async def _put_entry(self, inode: Inode) -> None:
+        parent = self.ns.get(inode.parent)
+        key = entry_key(parent.dir_id, inode.name)
+        etag = await self._store(self.store.put, key, self._entry_of(inode).to_json())
+        inode.remote_etag = etag
+        inode.published = True
+        self.ns.save(inode)
+
+    # ------------------------------------------------------------------ remote listing
+
+    async def refresh_dir(self, ino: int, force: bool = False) -> None:
+        """Merge the store's listing of a directory into the namespace (TTL-limited)."""
+        inode = self._dir(ino)
+        if not force and time.time() - inode.listed_at < self.config.metadata_ttl:
+            return
+        event = self._refreshing.get(ino)
+        if event is not None:
+            await event.wait()
+            return
+        event = self._refreshing[ino] = trio.Event()
+        try:
+            await self._refresh_dir(inode)
+        finally:
+            del self._refreshing[ino]
+            event.set()
+
+    async def _refresh_dir(self, dir_inode: Inode) -> None:
+        started = time.time()
+        mutations = self._dir_mutations.get(dir_inode.ino, 0)
+        prefix = dir_prefix(dir_inode.dir_id)
+        listing = await self._store(lambda: list(self.store.list(prefix)))
+        remote: dict[bytes, tuple[str, str]] = {}
+        for obj in listing:
+            rest = obj.key[len(prefix):]
+            if "/" in rest:
+                continue
+            try:
+                remote[decode_name(rest)] = (obj.key, obj.etag)
+            except BadEntry as exc:
+                log.error("ignoring bad name %r in %s: %s", rest, prefix, exc)
+        # Fetch the entries that are new or changed.
+        local = dict(self.ns.children(dir_inode.ino))
+        to_fetch = []
+        for name, (key, etag) in remote.items():
+            ino = local.get(name)
+            if ino is not None and self.ns.get(ino).remote_etag == etag and etag:
+                continue
+            to_fetch.append((name, key))
+        fetched: dict[bytes, tuple[Entry, str]] = {}
+
+        async def fetch(name: bytes, key: str) -> None:
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except NotFound:
+                return
+            except FsError:
+                return
+            try:
+                fetched[name] = (Entry.from_json(body, self.config.chunk_size), etag)
+            except BadEntry as exc:
+                log.error("ignoring corrupt entry %s: %s", key, exc)
+
+        async with trio.open_nursery() as nursery:
+            for name, key in to_fetch:
+                nursery.start_soon(fetch, name, key)
+        # Apply: no await from here on.
+        dir_inode = self.ns.get(dir_inode.ino)
+        if not dir_inode.parent and dir_inode.ino != ROOT_INO:
+            return
+        changed_locally = self._dir_mutations.get(dir_inode.ino, 0) != mutations
+        local = dict(self.ns.children(dir_inode.ino))
+        for name, (entry, etag) in fetched.items():
+            ino = local.get(name)
+            if ino is None:
+                if changed_locally:
+                    continue
+                self._adopt_entry(dir_inode.ino, name, entry, etag)
+                continue
+            inode = self.ns.get(ino)
+            if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
+                continue
+            if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id):
+                self._forget_subtree(inode)
+                self._adopt_entry(dir_inode.ino, name, entry, etag)
+                continue
+            content_changed = inode.chunks != entry.chunks
+            inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
+            inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
+            inode.target, inode.remote_etag = entry.target, etag
+            if content_changed and inode.local_copy:
+                inode.local_copy = False
+                if not self._is_open(ino):
+                    self.staging.remove(ino)
+            self.ns.save(inode)
+            if content_changed:
+                self.invalidate(ino)
+        if not changed_locally:
+            for name, ino in local.items():
+                if name in remote:
+                    continue
+                inode = self.ns.get(ino)
+                if inode.published and not inode.dirty and not self._is_open(ino) \
+                        and ino not in self.queue.queued:
+                    self._forget_subtree(inode)
+        dir_inode.listed_at = started
+        self.ns.save(dir_inode)
+
+    def _adopt_entry(self, parent: int, name: bytes, entry: Entry, etag: str) -> Inode:
+        size = len(entry.target) if entry.target is not None else entry.size
+        return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
+                                 size=size, chunks=entry.chunks, published=True,
+                                 remote_etag=etag, dir_id=entry.id, target=entry.target,
+                                 mtime_ns=entry.mtime_ns)
+
+    def _forget_subtree(self, inode: Inode) -> None:
+        """Drop a name that vanished from the store (another node removed it)."""
+        if inode.type == "dir":
+            for _, child in self.ns.children(inode.ino):
+                self._forget_subtree(self.ns.get(child))
+        self.ns.unlink(inode)
+        if not self._is_open(inode.ino):
+            self.staging.remove(inode.ino)
+            self.ns.delete_inode(inode.ino)
+        self.invalidate(inode.ino)
+
+    # ------------------------------------------------------------------ lookups
+
+    async def lookup(self, parent: int, name: bytes) -> Inode:
+        if name == b".":
+            return self._dir(parent)
+        if name == b"..":
+            return self.ns.get(self._dir(parent).parent)
+        await self.refresh_dir(parent)
+        ino = self.ns.lookup(parent, name)
+        if ino is None:
+            raise FsError.enoent()
+        return self.ns.get(ino)
+
+    def getattr(self, ino: int) -> Inode:
+        return self.ns.get(ino)
+
+    async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
+        await self.refresh_dir(ino)
+        return [(name, self.ns.get(child)) for name, child in self.ns.children(ino)]
+
+    def readlink(self, ino: int) -> bytes:
+        inode = self.ns.get(ino)
+        if inode.type != "symlink":
+            raise FsError(errno.EINVAL)
+        return inode.target or b""
+
+    # ------------------------------------------------------------------ creating names
+
+    async def _check_absent(self, parent: int, name: bytes) -> None:
+        check_name_or_raise(name)
+        await self.refresh_dir(parent)
+        if self.ns.lookup(parent, name) is not None:
+            raise FsError(errno.EEXIST)
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        await self._check_absent(parent, name)
+        parent_inode = self._dir(parent)
+        dir_id = uuid.uuid4().hex
+        entry = Entry(type="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=time.time_ns(),
+                      id=dir_id)
+        key = entry_key(parent_inode.dir_id, name)
+        created = await self._store(self.store.put_if_absent, key, entry.to_json())
+        etag = ""
+        if not created:
+            # Another node (or process) won the race: adopt its directory.
+            try:
+                body, etag = await self._store(self.store.get, key)
+                entry = Entry.from_json(body, self.config.chunk_size)
+            except (NotFound, BadEntry) as exc:
+                raise FsError(errno.EIO, f"mkdir race on {key}: {exc}") from None
+            if entry.type != "dir":
+                raise FsError(errno.EEXIST)
+        existing = self.ns.lookup(parent, name)
+        if existing is not None:
+            if not created:
+                inode = self.ns.get(existing)
+                if inode.type == "dir" and inode.dir_id == entry.id:
+                    raise FsError(errno.EEXIST)
+            raise FsError(errno.EEXIST)
+        self._touch_dir(parent)
+        inode = self.ns.new_inode(parent, name, "dir", entry.mode, entry.uid, entry.gid,
+                                  dir_id=entry.id, published=True, remote_etag=etag or None,
+                                  mtime_ns=entry.mtime_ns)
+        self._mark_parent_changed(parent_inode)
+        if not created:
+            raise FsError(errno.EEXIST)
+        return inode
+
+    def _mark_parent_changed(self, parent: Inode) -> None:
+        now = time.time_ns()
+        parent.mtime_ns = parent.ctime_ns = now
+        self.ns.save(parent)
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+        await self._check_absent(parent, name)
+        self._touch_dir(parent)
+        inode = self.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
+                                  size=len(target))
+        try:
+            await self._put_entry(inode)
+        except BaseException:
+            self.ns.unlink(inode)
+            self.ns.delete_inode(inode.ino)
+            raise
+        self._mark_parent_changed(self.ns.get(parent))
+        return inode
+
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
+                     opener: Opener) -> tuple[Handle, Inode]:
+        check_name_or_raise(name)
+        await self.refresh_dir(parent)
+        existing = self.ns.lookup(parent, name)
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise FsError(errno.EEXIST)
+            handle = await self.open(existing, flags | os.O_TRUNC, opener)
+            return handle, self.ns.get(existing)
+        self._dir(parent)
+        self._touch_dir(parent)
+        inode = self.ns.new_inode(parent, name, "file", mode, uid, gid, dirty=True,
+                                  local_copy=True)
+        self.staging.create_empty(inode.ino)
+        handle = self._new_handle(inode, opener, writable=True)
+        handle.wrote = True  # creating the file is a change worth publishing
+        self._mark_parent_changed(self.ns.get(parent))
+        return handle, inode
+
+    def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
+        handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
+        self._next_fh += 1
+        self.handles[handle.fh] = handle
+        rt = self._rt(inode.ino)
+        rt.handles.add(handle.fh)
+        if writable:
+            rt.writers += 1
+            if rt.tracker is None:
+                rt.tracker = ChunkTracker(self.config.chunk_size)
+                if inode.size == 0:
+                    rt.tracker.reset()
+                else:
+                    rt.tracker.seq_end = -1
+        return handle
+
+    # ------------------------------------------------------------------ open / read / write
+
+    async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        inode = self.ns.get(ino)
+        if inode.type == "dir":
+            raise FsError(errno.EISDIR)
+        if inode.type != "file":
+            raise FsError(errno.EINVAL)
+        accmode = flags & os.O_ACCMODE
+        writable = accmode in (os.O_WRONLY, os.O_RDWR)
+        if writable:
+            if flags & os.O_TRUNC:
+                await self._truncate_staging(inode, 0)
+            else:
+                await self._materialize(inode)
+        handle = self._new_handle(inode, opener, writable)
+        if writable and flags & os.O_TRUNC:
+            handle.wrote = True
+        return handle
+
+    def keep_cache(self, handle: Handle) -> bool:
+        inode = self.ns.get(handle.ino)
+        return not handle.writable and not inode.dirty and not self._writers(inode.ino)
+
+    async def _materialize(self, inode: Inode) -> None:
+        """Make sure the staging file holds the file's current content."""
+        if inode.dirty or inode.local_copy:
+            if self.staging.exists(inode.ino):
+                return
+            if inode.dirty:
+                raise FsError(errno.EIO, f"staging file of inode {inode.ino} is gone")
+        fd = self.staging.create_empty(inode.ino)
+        offset = 0
+        for sha, length in inode.chunks:
+            self.cache.pin(sha)
+            try:
+                path = await self.cache.ensure(sha, length)
+                data = path.read_bytes()
+            finally:
+                self.cache.unpin(sha)
+            os.pwrite(fd, data, offset)
+            offset += length
+        inode.local_copy = True
+        self.ns.save(inode)
+
+    async def _truncate_staging(self, inode: Inode, size: int) -> None:
+        if size == 0:
+            self.staging.create_empty(inode.ino)
+            inode.local_copy = True
+        else:
+            await self._materialize(inode)
+            os.ftruncate(self.staging.fd(inode.ino), size)
+        inode.size = size
+        inode.dirty = True
+        inode.mtime_ns = inode.ctime_ns = time.time_ns()
+        rt = self._rt(inode.ino)
+        rt.write_gen += 1
+        if rt.tracker is not None:
+            if size == 0:
+                rt.tracker.reset()
+            else:
+                rt.tracker.invalidate_from(size)
+        self.ns.save(inode)
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        handle = self._handle(fh)
+        inode = self.ns.get(handle.ino)
+        if inode.dirty or inode.local_copy:
+            if offset >= inode.size:
+                return b""
+            return os.pread(self.staging.fd(inode.ino), min(size, inode.size - offset), offset)
+        return await self._read_chunks(inode, offset, size)
+
+    async def _read_chunks(self, inode: Inode, offset: int, size: int) -> bytes:
+        end = min(offset + size, inode.size)
+        if offset >= end:
+            return b""
+        wanted = []
+        pos = 0
+        for index, (sha, length) in enumerate(inode.chunks):
+            if pos + length > offset and pos < end:
+                wanted.append((pos, sha, length, index))
+            pos += length
+            if pos >= end:
+                break
+        for _, sha, _, _ in wanted:
+            self.cache.pin(sha)
+        try:
+            if len(wanted) == 1:
+                await self.cache.ensure(wanted[0][1], wanted[0][2])
+            else:
+                async with trio.open_nursery() as nursery:
+                    for _, sha, length, _ in wanted:
+                        nursery.start_soon(self.cache.ensure, sha, length)
+            last_index = wanted[-1][3]
+            for sha, length in inode.chunks[last_index + 1:last_index + 1 +
+                                            self.config.readahead_chunks]:
+                if not self.cache.has(sha):
+                    self.nursery.start_soon(self._readahead, sha, length)
+            parts = []
+            for pos, sha, length, _ in wanted:
+                lo = max(offset, pos) - pos
+                hi = min(end, pos + length) - pos
+                with open(self.cache.path(sha), "rb") as f:
+                    parts.append(os.pread(f.fileno(), hi - lo, lo))
+            return b"".join(parts)
+        finally:
+            for _, sha, _, _ in wanted:
+                self.cache.unpin(sha)
+
+    async def _readahead(self, sha: str, length: int) -> None:
+        try:
+            await self.cache.ensure(sha, length)
+        except Exception as exc:  # a reader that needs it will see the error
+            log.debug("read-ahead of %s failed: %s", sha[:12], exc)
+
+    def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self._handle(fh)
+        if not handle.writable:
+            raise FsError(errno.EBADF)
+        inode = self.ns.get(handle.ino)
+        try:
+            written = os.pwrite(self.staging.fd(inode.ino), data, offset)
+        except OSError as exc:
+            handle.failed = True
+            log.error("write to staging of inode %d failed: %s", inode.ino, exc)
+            raise FsError(exc.errno or errno.EIO, "staging write failed") from None
+        handle.wrote = True
+        rt = self._rt(inode.ino)
+        rt.write_gen += 1
+        if not inode.dirty:
+            inode.dirty = True
+            self.ns.save(inode)
+        if offset + written > inode.size:
+            inode.size = offset + written
+        inode.mtime_ns = time.time_ns()
+        tracker = rt.tracker
+        if tracker is not None:
+            for index in tracker.note_write(offset, written):
+                pending = tracker.start(index)
+                self.nursery.start_soon(self._pipeline_chunk, inode.ino, tracker, index, pending)
+        return written
+
+    async def _pipeline_chunk(self, ino: int, tracker: ChunkTracker, index: int, pending) -> None:
+        try:
+            fd = self.staging.fd(ino)
+            size = self.config.chunk_size
+            pending.result = await self.uploader.upload(fd, index * size, size)
+        except Exception as exc:  # flush uploads it again and reports the error
+            pending.error = exc
+            log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
+        finally:
+            pending.done.set()
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise FsError(errno.EBADF)
+        return handle
+
+    # ------------------------------------------------------------------ close and publish
+
+    async def flush(self, fh: int) -> None:
+        handle = self._handle(fh)
+        if not handle.writable:
+            return
+        inode = self.ns.get(handle.ino)
+        if handle.failed:
+            self._abandon_if_alone(inode, handle, "a write on it failed")
+            raise FsError(errno.EIO, "not published: an earlier write failed")
+        if not inode.dirty:
+            return
+        if died_unclean(handle.opener):
+            log.warning("writer %d of %s was killed; keeping it staged, unpublished",
+                        handle.opener.tgid, self._path_for_log(inode))
+            self._abandon_if_alone(inode, handle, "its writer was killed")
+            return
+        inode.size = self.staging.size(inode.ino)
+        self.ns.save(inode)
+        if self.config.durability == "async":
+            self._journal_publish(inode)
+            return
+        await self.publish_now(inode.ino)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handle(fh)
+        inode = self.ns.get(handle.ino)
+        if not handle.writable or not inode.dirty:
+            return
+        if handle.failed:
+            raise FsError(errno.EIO, "an earlier write failed")
+        fd = self.staging.fd(inode.ino)
+        await trio.to_thread.run_sync(os.fsync, fd)
+        inode.size = self.staging.size(inode.ino)
+        self.ns.save(inode)
+        if self.config.durability == "async":
+            self._journal_publish(inode)
+            self.ns.sync()
+            return
+        await self.publish_now(inode.ino)
+
+    def _journal_publish(self, inode: Inode) -> None:
+        if inode.ino not in self.queue.queued:
+            self.ns.journal_add({"op": "publish", "ino": inode.ino})
+        self.queue.submit(inode.ino)
+
+    def _abandon_if_alone(self, inode: Inode, handle: Handle, why: str) -> None:
+        """Keep a torn version out of sight: move its staging file aside and show the
+        last published version again (or nothing if there never was one)."""
+        rt = self._rt(inode.ino)
+        if rt.writers > 1:
+            return
+        kept = self.staging.abandon(inode.ino)
+        log.warning("%s left unpublished because %s; staged bytes kept at %s",
+                    self._path_for_log(inode), why, kept)
+        handle.wrote = False
+        inode.dirty = False
+        inode.local_copy = False
+        if rt.tracker is not None:
+            rt.tracker.reset()
+        if inode.published:
+            inode.size = inode.published_size
+            self.ns.save(inode)
+        elif inode.parent:
+            self._touch_dir(inode.parent)
+            self.ns.unlink(inode)
+        self.invalidate(inode.ino)
+
+    def _path_for_log(self, inode: Inode) -> str:
+        try:
+            return self.ns.path_of(inode.ino).decode(errors="replace")
+        except FsError:
+            return f"<inode {inode.ino}>"
+
+    async def publish_now(self, ino: int) -> None:
+        """Upload a dirty file's chunks and write its entry; on failure, queue a retry
+        and raise EIO."""
+        try:
+            await self._publish(ino)
+        except FsError as exc:
+            if exc.errno == errno.EIO:
+                inode = self.ns.maybe_get(ino)
+                if inode is not None and inode.dirty:
+                    self._journal_publish(inode)
+            raise
+
+    async def _publish_from_queue(self, ino: int) -> None:
+        await self._publish(ino)
+        for seq, record in self.ns.journal():
+            if record.get("op") == "publish" and record.get("ino") == ino:
+                self.ns.journal_done(seq)
+
+    async def _publish(self, ino: int) -> None:
+        inode = self.ns.maybe_get(ino)
+        if inode is None or not inode.dirty or not inode.parent:
+            return
+        rt = self._rt(ino)
+        started = time.monotonic()
+        generation = rt.write_gen
+        size = self.staging.size(ino)
+        try:
+            chunks = await chunk_list(self.uploader, rt.tracker, self.staging.fd(ino), size,
+                                      self.config.chunk_size)
+        except StoreError as exc:
+            self.uploader.stats.publish_failures += 1
+            raise FsError(errno.EIO, f"upload failed: {exc}") from None
+        except OSError as exc:
+            self.uploader.stats.publish_failures += 1
+            raise FsError(exc.errno or errno.EIO, f"upload failed: {exc}") from None
+        async with rt.lock:
+            inode = self.ns.maybe_get(ino)
+            if inode is None or not inode.parent:
+                return
+            previous = (inode.chunks, inode.size)
+            inode.chunks = chunks
+            try:
+                await self._put_entry(inode)
+            except BaseException:
+                inode.chunks = previous[0]
+                self.uploader.stats.publish_failures += 1
+                raise
+            if rt.write_gen == generation:
+                inode.dirty = False
+            inode.local_copy = True
+            self.ns.save(inode)
+        self.uploader.stats.publishes += 1
+        log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
+        self._drop_rt(ino)
+
+    async def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is None:
+            return
+        rt = self._rt(handle.ino)
+        rt.handles.discard(fh)
+        if handle.writable:
+            rt.writers -= 1
+        inode = self.ns.maybe_get(handle.ino)
+        if not rt.handles:
+            self.staging.close_fd(handle.ino)
+            if rt.writers == 0:
+                rt.tracker = None
+            if inode is not None and not inode.parent:
+                self._delete_inode(inode)
+            elif inode is not None and inode.dirty and not rt.writers \
+                    and inode.ino not in self.queue.queued and handle.wrote:
+                # Closed but not yet published (e.g. flush failed): keep trying.
+                self._journal_publish(inode)
+        self._drop_rt(handle.ino)
+
+    def _delete_inode(self, inode: Inode) -> None:
+        self.staging.remove(inode.ino)
+        self.ns.delete_inode(inode.ino)
+        self.queue.discard(inode.ino)
+        for seq, record in self.ns.journal():
+            if record.get("op") == "publish" and record.get("ino") == inode.ino:
+                self.ns.journal_done(seq)
+
+    # ------------------------------------------------------------------ attributes
+
+    async def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
+                      gid: int | None = None, size: int | None = None,
+                      atime_ns: int | None = None, mtime_ns: int | None = None,
+                      fh: int | None = None) -> Inode:
+        inode = self.ns.get(ino)
+        if size is not None:
+            if inode.type == "dir":
+                raise FsError(errno.EISDIR)
+            if inode.type != "file":
+                raise FsError(errno.EINVAL)
+            if size != inode.size or inode.dirty:
+                await self._truncate_staging(inode, size)
+        if mode is not None:
+            inode.mode = mode & 0o7777
+        if uid is not None:
+            inode.uid = uid
+        if gid is not None:
+            inode.gid = gid
+        if atime_ns is not None:
+            inode.atime_ns = atime_ns
+        if mtime_ns is not None:
+            inode.mtime_ns = mtime_ns
+        inode.ctime_ns = time.time_ns()
+        self.ns.save(inode)
+        if inode.dirty and self._writers(ino):
+            return inode  # the open writer's close publishes everything together
+        if inode.dirty:
+            await self.publish_now(ino)
+        elif inode.published and inode.parent and ino != ROOT_INO:
+            if mode is not None or uid is not None or gid is not None or mtime_ns is not None:
+                await self._put_entry(inode)
+        return inode
+
+    # ------------------------------------------------------------------ removing names
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        inode = await self.lookup(parent, name)
+        if inode.type == "dir":
+            raise FsError(errno.EISDIR)
+        await self._remove(inode)
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        inode = await self.lookup(parent, name)
+        if inode.type != "dir":
+            raise FsError(errno.ENOTDIR)
+        await self.refresh_dir(inode.ino, force=True)
+        if self.ns.has_children(inode.ino):
+            raise FsError(errno.ENOTEMPTY)
+        await self._remove(inode)
+
+    async def _remove(self, inode: Inode) -> None:
+        parent = self.ns.get(inode.parent)
+        if inode.published:
+            await self._store(self.store.delete, entry_key(parent.dir_id, inode.name))
+        self._touch_dir(parent.ino)
+        self.ns.unlink(inode)
+        self._mark_parent_changed(parent)
+        if not self._is_open(inode.ino):
+            self._delete_inode(inode)
+
+    # ------------------------------------------------------------------ rename
+
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
+                     flags: int) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise FsError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        check_name_or_raise(new_name)
+        inode = await self.lookup(old_parent, old_name)
+        new_dir = self._dir(new_parent)
+        await self.refresh_dir(new_parent)
+        if inode.type == "dir":
+            ancestor = new_parent
+            while ancestor != ROOT_INO:
+                if ancestor == inode.ino:
+                    raise FsError(errno.EINVAL, "cannot move a directory into itself")
+                ancestor = self.ns.get(ancestor).parent
+        target_ino = self.ns.lookup(new_parent, new_name)
+        target = self.ns.get(target_ino) if target_ino is not None else None
+        if target is not None:
+            if target.ino == inode.ino:
+                return
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EEXIST)
+            if inode.type == "dir" and target.type != "dir":
+                raise FsError(errno.ENOTDIR)
+            if inode.type != "dir" and target.type == "dir":
+                raise FsError(errno.EISDIR)
+            if target.type == "dir":
+                await self.refresh_dir(target.ino, force=True)
+                if self.ns.has_children(target.ino):
+                    raise FsError(errno.ENOTEMPTY)
+        rt = self._rt(inode.ino)
+        async with rt.lock:
+            inode = self.ns.get(inode.ino)
+            old_dir = self.ns.get(inode.parent)
+            old_key = entry_key(old_dir.dir_id, inode.name)
+            new_key = entry_key(new_dir.dir_id, new_name)
+            if inode.published:
+                # Journal both halves first: a crash in between is finished on restart,
+                # so a reader may briefly see both names, never neither.
+                body = self._entry_of(inode).to_json()
+                seq = self.ns.journal_add({"op": "rename", "put": new_key,
+                                           "body": body.decode(), "delete": old_key})
+                self.ns.sync()
+                etag = await self._store(self.store.put, new_key, body)
+                await self._store(self.store.delete, old_key)
+                self.ns.journal_done(seq)
+                inode.remote_etag = etag
+            elif target is not None and target.published:
+                await self._store(self.store.delete, new_key)
+            self._touch_dir(old_dir.ino)
+            self._touch_dir(new_parent)
+            target_ino = self.ns.lookup(new_parent, new_name)
+            if target_ino is not None and target_ino != inode.ino:
+                replaced = self.ns.get(target_ino)
+                self.ns.unlink(replaced)
+                if not self._is_open(replaced.ino):
+                    self._delete_inode(replaced)
+            self.ns.move(inode, new_parent, new_name)
+            self._mark_parent_changed(old_dir)
+            if new_parent != old_dir.ino:
+                self._mark_parent_changed(self.ns.get(new_parent))
+        self._drop_rt(inode.ino)
+
+    # ------------------------------------------------------------------ recovery
+
+    async def replay_journal(self) -> None:
+        """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
+        for seq, record in self.ns.journal():
+            op = record.get("op")
+            if op == "rename":
+                await self._store(self.store.put, record["put"], record["body"].encode())
+                await self._store(self.store.delete, record["delete"])
+                self.ns.journal_done(seq)
+                log.info("finished an interrupted rename to %s", record["put"])
+            elif op == "publish":
+                inode = self.ns.maybe_get(record["ino"])
+                if inode is None or not inode.dirty or not self.staging.exists(inode.ino):
+                    self.ns.journal_done(seq)
+                    continue
+                inode.size = self.staging.size(inode.ino)
+                self.queue.submit(inode.ino)
+            else:
+                log.error("unknown journal record %r dropped", record)
+                self.ns.journal_done(seq)
+
+    # ------------------------------------------------------------------ status
+
+    def pending_uploads(self) -> int:
+        return len(self.queue.queued)
+
+    def state_of(self, ino: int) -> str:
+        inode = self.ns.get(ino)
+        if inode.ino in self.queue.queued:
+            return "uploading"
+        if inode.dirty:
+            return "staged"
+        if inode.type == "file" and not inode.local_copy and inode.chunks and \
+                all(self.cache.has(sha) for sha, _ in inode.chunks):
+            return "cached"
+        if inode.type == "file" and not inode.local_copy and inode.chunks:
+            return "remote"
+        return "published"
+
+    def stats(self) -> dict:
+        up = self.uploader.stats
+        return {"pending_uploads": self.pending_uploads(),
+                "failing_uploads": dict(self.queue.failing),
+                "chunks_uploaded": up.chunks_uploaded,
+                "chunks_deduplicated": up.chunks_deduplicated,
+                "bytes_uploaded": up.bytes_uploaded,
+                "bytes_deduplicated": up.bytes_deduplicated,
+                "publishes": up.publishes, "publish_failures": up.publish_failures,
+                "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
+                "open_handles": len(self.handles)}
+
+
+def check_name_or_raise(name: bytes) -> None:
+    if len(name) > 255:
+        raise FsError(errno.ENAMETOOLONG)
+    try:
+        check_name(name)
+    except BadEntry:
+        raise FsError(errno.EINVAL, f"invalid name {name!r}") from None

@@ -1,0 +1,265 @@
+"""The node-local namespace: inodes, directory entries and the journal, in LMDB.
+
+Every method is synchronous and short; callers run them on the trio thread with no
+``await`` in between related changes, so the namespace needs no lock of its own (the
+S3QL discipline).  It knows nothing of file bytes, of the object store, or of FUSE.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import lmdb
+
+from .errors import FsError
+
+log = logging.getLogger(__name__)
+
+ROOT_INO = 1
+_U64 = struct.Struct(">Q")
+
+
+def _k(n: int) -> bytes:
+    return _U64.pack(n)
+
+
+def _b2s(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", "surrogateescape")
+
+
+def _s2b(s: str | None) -> bytes | None:
+    return None if s is None else s.encode("utf-8", "surrogateescape")
+
+
+@dataclass
+class Inode:
+    ino: int
+    type: str                       # "file" | "dir" | "symlink"
+    mode: int                       # permission bits only
+    uid: int = 0
+    gid: int = 0
+    size: int = 0                   # current size (staged size while dirty)
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    atime_ns: int = 0
+    parent: int = 0                 # 0 once unlinked (files may live on while open)
+    name: bytes = b""
+    chunks: list[tuple[str, int]] = field(default_factory=list)   # published content
+    published: bool = False         # an entry for this inode exists in the store
+    dirty: bool = False             # the staging file is newer than ``chunks``
+    local_copy: bool = False        # the staging file holds the current content
+    remote_etag: str | None = None  # ETag of our entry as last written or seen
+    dir_id: str | None = None       # directories: the id their entries live under
+    target: bytes | None = None     # symlinks
+    listed_at: float = 0.0          # directories: wall time of the last remote listing
+
+    @property
+    def st_mode(self) -> int:
+        bits = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}[self.type]
+        return bits | self.mode
+
+    @property
+    def published_size(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+    def encode(self) -> bytes:
+        doc = asdict(self)
+        doc["name"] = _b2s(self.name)
+        doc["target"] = _b2s(self.target)
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Inode":
+        doc = json.loads(raw)
+        doc["name"] = _s2b(doc["name"])
+        doc["target"] = _s2b(doc["target"])
+        doc["chunks"] = [tuple(c) for c in doc["chunks"]]
+        return cls(**doc)
+
+
+class Namespace:
+    """Inodes and dentries of one mount, persisted in ``state_dir/meta.lmdb``."""
+
+    def __init__(self, path: Path, map_size: int = 4 << 30) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        # sync=False: a daemon crash loses nothing (the map lives in the page cache);
+        # callers call ``sync()`` where a power cut must not lose a journal record.
+        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=8, sync=False,
+                             metasync=False, lock=True)
+        self.db_inodes = self.env.open_db(b"inodes")
+        self.db_dentries = self.env.open_db(b"dentries")
+        self.db_journal = self.env.open_db(b"journal")
+        self.db_chunks = self.env.open_db(b"known_chunks")
+        self.db_meta = self.env.open_db(b"meta")
+        self._cache: dict[int, Inode] = {}
+        with self.env.begin(write=True) as txn:
+            if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
+                now = time.time_ns()
+                root = Inode(ino=ROOT_INO, type="dir", mode=0o755, mtime_ns=now, ctime_ns=now,
+                             atime_ns=now, parent=ROOT_INO, dir_id="root", published=True)
+                txn.put(_k(ROOT_INO), root.encode(), db=self.db_inodes)
+                txn.put(b"next_ino", _k(ROOT_INO + 1), db=self.db_meta)
+                txn.put(b"next_journal", _k(1), db=self.db_meta)
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    # ------------------------------------------------------------------ inodes
+
+    def get(self, ino: int) -> Inode:
+        inode = self._cache.get(ino)
+        if inode is not None:
+            return inode
+        with self.env.begin() as txn:
+            raw = txn.get(_k(ino), db=self.db_inodes)
+        if raw is None:
+            raise FsError.enoent(f"inode {ino}")
+        inode = Inode.decode(raw)
+        self._cache[ino] = inode
+        return inode
+
+    def maybe_get(self, ino: int) -> Inode | None:
+        try:
+            return self.get(ino)
+        except FsError:
+            return None
+
+    def save(self, *inodes: Inode) -> None:
+        with self.env.begin(write=True) as txn:
+            for inode in inodes:
+                txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+                self._cache[inode.ino] = inode
+
+    def new_inode(self, parent: int, name: bytes, type_: str, mode: int, uid: int,
+                  gid: int, **extra) -> Inode:
+        """Create an inode and its dentry in one transaction."""
+        now = time.time_ns()
+        with self.env.begin(write=True) as txn:
+            ino = _U64.unpack(txn.get(b"next_ino", db=self.db_meta))[0]
+            txn.put(b"next_ino", _k(ino + 1), db=self.db_meta)
+            inode = Inode(ino=ino, type=type_, mode=mode & 0o7777, uid=uid, gid=gid,
+                          mtime_ns=extra.pop("mtime_ns", now), ctime_ns=now, atime_ns=now,
+                          parent=parent, name=name, **extra)
+            txn.put(_k(ino), inode.encode(), db=self.db_inodes)
+            txn.put(_k(parent) + name, _k(ino), db=self.db_dentries)
+        self._cache[ino] = inode
+        return inode
+
+    def delete_inode(self, ino: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.delete(_k(ino), db=self.db_inodes)
+        self._cache.pop(ino, None)
+
+    def all_inodes(self) -> Iterator[Inode]:
+        with self.env.begin() as txn:
+            raws = [v for _, v in txn.cursor(db=self.db_inodes)]
+        for raw in raws:
+            inode = Inode.decode(raw)
+            yield self._cache.get(inode.ino, inode)
+
+    # ------------------------------------------------------------------ dentries
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        with self.env.begin() as txn:
+            raw = txn.get(_k(parent) + name, db=self.db_dentries)
+        return None if raw is None else _U64.unpack(raw)[0]
+
+    def children(self, parent: int) -> list[tuple[bytes, int]]:
+        prefix = _k(parent)
+        out = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db_dentries)
+            if cur.set_range(prefix):
+                for key, value in cur:
+                    if not key.startswith(prefix):
+                        break
+                    out.append((bytes(key[8:]), _U64.unpack(value)[0]))
+        return out
+
+    def has_children(self, parent: int) -> bool:
+        prefix = _k(parent)
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db_dentries)
+            return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
+
+    def unlink(self, inode: Inode) -> None:
+        """Remove the dentry of ``inode`` (the inode record is kept)."""
+        with self.env.begin(write=True) as txn:
+            txn.delete(_k(inode.parent) + inode.name, db=self.db_dentries)
+            inode.parent = 0
+            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+
+    def move(self, inode: Inode, new_parent: int, new_name: bytes) -> None:
+        """Point ``new_parent/new_name`` at inode (replacing any dentry there)."""
+        with self.env.begin(write=True) as txn:
+            if inode.parent:
+                txn.delete(_k(inode.parent) + inode.name, db=self.db_dentries)
+            txn.put(_k(new_parent) + new_name, _k(inode.ino), db=self.db_dentries)
+            inode.parent, inode.name = new_parent, new_name
+            inode.ctime_ns = time.time_ns()
+            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+
+    def path_of(self, ino: int) -> bytes:
+        parts = []
+        while ino != ROOT_INO:
+            inode = self.get(ino)
+            if not inode.parent:
+                raise FsError.enoent("unlinked")
+            parts.append(inode.name)
+            ino = inode.parent
+        return b"/" + b"/".join(reversed(parts))
+
+    # ------------------------------------------------------------------ journal
+
+    def journal_add(self, record: dict) -> int:
+        with self.env.begin(write=True) as txn:
+            seq = _U64.unpack(txn.get(b"next_journal", db=self.db_meta))[0]
+            txn.put(b"next_journal", _k(seq + 1), db=self.db_meta)
+            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
+        return seq
+
+    def journal_done(self, seq: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.delete(_k(seq), db=self.db_journal)
+
+    def journal(self) -> list[tuple[int, dict]]:
+        with self.env.begin() as txn:
+            return [(_U64.unpack(k)[0], json.loads(v))
+                    for k, v in txn.cursor(db=self.db_journal)]
+
+    # ------------------------------------------------------------------ chunks known to be in the store
+
+    def chunk_known(self, sha: str) -> bool:
+        with self.env.begin() as txn:
+            return txn.get(sha.encode(), db=self.db_chunks) is not None
+
+    def known_chunks(self) -> set[str]:
+        with self.env.begin() as txn:
+            return {bytes(k).decode() for k, _ in txn.cursor(db=self.db_chunks)}
+
+    def chunk_mark(self, sha: str) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(sha.encode(), b"1", db=self.db_chunks)
+
+    # ------------------------------------------------------------------ store identity
+
+    def meta_get(self, key: str) -> str | None:
+        with self.env.begin() as txn:
+            raw = txn.get(key.encode(), db=self.db_meta)
+        return None if raw is None else raw.decode()
+
+    def meta_put(self, key: str, value: str) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(key.encode(), value.encode(), db=self.db_meta)

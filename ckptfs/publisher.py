@@ -1,0 +1,219 @@
+"""Moving staged bytes into the store: chunk upload with dedup, the pipelined chunk
+tracker of a sequential writer, and the background queue of async publishes.
+
+A chunk is read from a staging file, hashed and uploaded in a worker thread, under a
+capacity limiter that bounds memory and parallel requests.  A chunk the store already
+has is never uploaded again.  Knows nothing of inodes' names or of FUSE; what
+"publishing an inode" means is the caller's callback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from .remote import chunk_key
+from .store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UploadStats:
+    chunks_uploaded: int = 0
+    chunks_deduplicated: int = 0
+    bytes_uploaded: int = 0
+    bytes_deduplicated: int = 0
+    publishes: int = 0
+    publish_failures: int = 0
+
+
+class ChunkUploader:
+    """Read, hash and upload chunks of staging files."""
+
+    def __init__(self, store: ObjectStore, known: set[str], limiter: trio.CapacityLimiter,
+                 on_known: Callable[[str], None]) -> None:
+        self.store = store
+        self.known = known            # chunk hashes known to be in the store
+        self.limiter = limiter
+        self.on_known = on_known      # persists a newly known hash (trio thread)
+        self.stats = UploadStats()
+
+    async def upload(self, fd: int, offset: int, length: int) -> tuple[str, int]:
+        async with self.limiter:
+            sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, fd, offset, length)
+        if sha not in self.known:
+            self.known.add(sha)
+            self.on_known(sha)
+        if uploaded:
+            self.stats.chunks_uploaded += 1
+            self.stats.bytes_uploaded += length
+        else:
+            self.stats.chunks_deduplicated += 1
+            self.stats.bytes_deduplicated += length
+        return sha, length
+
+    def _upload_sync(self, fd: int, offset: int, length: int) -> tuple[str, bool]:
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(5, f"staging file shorter than expected at {offset}")
+        sha = hashlib.sha256(data).hexdigest()
+        if sha in self.known:
+            return sha, False
+        key = chunk_key(sha)
+        if self.store.exists(key):
+            return sha, False
+        self.store.put(key, data)
+        return sha, True
+
+
+@dataclass
+class _Pending:
+    gen: int
+    done: trio.Event = field(default_factory=trio.Event)
+    result: tuple[str, int] | None = None
+    error: BaseException | None = None
+
+
+class ChunkTracker:
+    """Chunks of one staging file uploaded ahead of ``flush`` while a writer is still
+    writing sequentially.  A write into a chunk already sent invalidates it."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+        self.pending: dict[int, _Pending] = {}
+        self.seq_end = 0
+        self.next_index = 0
+        self.gen = 0
+
+    def invalidate_range(self, start: int, end: int) -> None:
+        if not self.pending or end <= start:
+            return
+        first, last = start // self.chunk_size, (end - 1) // self.chunk_size
+        for index in [i for i in self.pending if first <= i <= last]:
+            del self.pending[index]
+
+    def invalidate_from(self, offset: int) -> None:
+        first = offset // self.chunk_size
+        for index in [i for i in self.pending if i >= first]:
+            del self.pending[index]
+        self.next_index = min(self.next_index, first)
+        self.seq_end = min(self.seq_end, first * self.chunk_size)
+
+    def reset(self) -> None:
+        self.pending.clear()
+        self.seq_end = 0
+        self.next_index = 0
+        self.gen += 1
+
+    def note_write(self, offset: int, length: int) -> list[int]:
+        """Record a write; return indexes of chunks that just became complete."""
+        self.invalidate_range(offset, offset + length)
+        if offset != self.seq_end:
+            self.seq_end = -1  # no longer sequential: stop pipelining for this file
+            return []
+        self.seq_end = offset + length
+        ready = []
+        while self.seq_end >= (self.next_index + 1) * self.chunk_size:
+            ready.append(self.next_index)
+            self.next_index += 1
+        return ready
+
+    def start(self, index: int) -> _Pending:
+        pending = _Pending(gen=self.gen)
+        self.pending[index] = pending
+        return pending
+
+
+async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, fd: int,
+                     size: int, chunk_size: int) -> list[tuple[str, int]]:
+    """Upload whatever is not yet uploaded and return the file's chunk list."""
+    count = math.ceil(size / chunk_size)
+    result: list[tuple[str, int] | None] = [None] * count
+    errors: list[BaseException] = []
+
+    async def one(index: int) -> None:
+        offset = index * chunk_size
+        length = min(chunk_size, size - offset)
+        pending = tracker.pending.get(index) if tracker else None
+        if pending is not None and length == chunk_size:
+            await pending.done.wait()
+            if pending.result is not None and tracker.pending.get(index) is pending:
+                result[index] = pending.result
+                return
+        try:
+            result[index] = await uploader.upload(fd, offset, length)
+        except BaseException as exc:  # collected: the first one is raised below
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(one, index)
+    if errors:
+        raise errors[0]
+    return [r for r in result if r is not None]
+
+
+class PublishQueue:
+    """Background publishing for ``durability = "async"`` (and retries of failed sync
+    publishes).  Records live in the namespace journal; this queue only schedules them."""
+
+    def __init__(self, publish: Callable[[int], Awaitable[None]], workers: int = 2,
+                 retry_delay: float = 2.0) -> None:
+        self._publish = publish
+        self.workers = workers
+        self.retry_delay = retry_delay
+        self._send, self._recv = trio.open_memory_channel[int](math.inf)
+        self.queued: set[int] = set()
+        self.failing: dict[int, str] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def submit(self, ino: int) -> None:
+        if ino in self.queued:
+            return
+        self.queued.add(ino)
+        self._idle = trio.Event() if self._idle.is_set() else self._idle
+        self._send.send_nowait(ino)
+
+    def discard(self, ino: int) -> None:
+        self.queued.discard(ino)
+        self.failing.pop(ino, None)
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if not self.queued:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.queued:
+            await self._idle.wait()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.workers):
+                nursery.start_soon(self._worker)
+            task_status.started()
+
+    async def _worker(self) -> None:
+        async for ino in self._recv:
+            if ino not in self.queued:
+                continue
+            try:
+                await self._publish(ino)
+            except Exception as exc:  # keep it queued and retry later
+                self.failing[ino] = str(exc)
+                log.warning("background publish of inode %d failed (%s); retrying in %.0fs",
+                            ino, exc, self.retry_delay)
+                await trio.sleep(self.retry_delay)
+                self._send.send_nowait(ino)
+                continue
+            self.failing.pop(ino, None)
+            self.queued.discard(ino)
+            self._maybe_idle()

@@ -1,0 +1,159 @@
+"""The remote format, v1 (DESIGN.md §3): key names and directory-entry JSON.
+
+``chunks/<aa>/<sha256>`` hold immutable chunk bodies; ``dirs/<dir-id>/<name>`` holds one
+JSON entry per name.  This module encodes and validates; a hostile or corrupt entry
+raises ``BadEntry`` instead of leaking into the namespace.  It knows nothing of LMDB,
+FUSE or how bytes are moved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from dataclasses import dataclass, field
+
+ROOT_DIR_ID = "root"
+FORMAT_KEY = "ckptfs.json"
+FORMAT_VERSION = 1
+_DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_TYPES = ("file", "dir", "symlink")
+
+
+class BadEntry(ValueError):
+    """A directory entry in the store is malformed or hostile."""
+
+
+def chunk_key(sha: str) -> str:
+    return f"chunks/{sha[:2]}/{sha}"
+
+
+def dir_prefix(dir_id: str) -> str:
+    return f"dirs/{dir_id}/"
+
+
+def entry_key(dir_id: str, name: bytes) -> str:
+    return dir_prefix(dir_id) + encode_name(name)
+
+
+def encode_name(name: bytes) -> str:
+    """A POSIX name (bytes) as a key component: UTF-8 kept as is, '%', control
+    characters and undecodable bytes percent-escaped.  Reversible."""
+    text = name.decode("utf-8", "surrogateescape")
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch == "%" or code < 0x20 or code == 0x7F:
+            out.append(f"%{code:02X}")
+        elif 0xDC80 <= code <= 0xDCFF:  # an undecodable byte
+            out.append(f"%{code - 0xDC00:02X}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def decode_name(component: str) -> bytes:
+    out = bytearray()
+    i = 0
+    while i < len(component):
+        ch = component[i]
+        if ch == "%":
+            try:
+                out.append(int(component[i + 1:i + 3], 16))
+            except ValueError:
+                raise BadEntry(f"bad escape in name {component!r}") from None
+            i += 3
+        else:
+            out += ch.encode("utf-8")
+            i += 1
+    name = bytes(out)
+    check_name(name)
+    return name
+
+
+def check_name(name: bytes) -> None:
+    if not name or name in (b".", b"..") or b"/" in name or b"\0" in name or len(name) > 255:
+        raise BadEntry(f"invalid name {name!r}")
+
+
+@dataclass
+class Entry:
+    """One name in a directory, as stored remotely."""
+
+    type: str
+    mode: int
+    uid: int = 0
+    gid: int = 0
+    mtime_ns: int = 0
+    size: int = 0
+    chunks: list[tuple[str, int]] = field(default_factory=list)
+    id: str | None = None           # a directory's id
+    target: bytes | None = None     # a symlink's target
+    staged: bool = False
+
+    def to_json(self) -> bytes:
+        doc: dict = {"v": FORMAT_VERSION, "type": self.type, "mode": self.mode,
+                     "uid": self.uid, "gid": self.gid, "mtime_ns": self.mtime_ns,
+                     "size": self.size, "staged": self.staged}
+        if self.type == "file":
+            doc["chunks"] = [[sha, n] for sha, n in self.chunks]
+        if self.type == "dir":
+            doc["id"] = self.id
+        if self.type == "symlink":
+            assert self.target is not None
+            doc["target"] = self.target.decode("utf-8", "surrogateescape")
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, max_chunk: int) -> "Entry":
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadEntry(f"entry is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadEntry("entry is not an object")
+        kind = doc.get("type")
+        if kind not in _TYPES:
+            raise BadEntry(f"unknown entry type {kind!r}")
+        ints = {}
+        for name in ("mode", "uid", "gid", "mtime_ns", "size"):
+            value = doc.get(name, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise BadEntry(f"bad {name} {value!r}")
+            ints[name] = value
+        mode = ints["mode"] & 0o7777
+        entry = cls(type=kind, mode=mode, uid=ints["uid"], gid=ints["gid"],
+                    mtime_ns=ints["mtime_ns"], size=ints["size"],
+                    staged=bool(doc.get("staged", False)))
+        if kind == "file":
+            chunks = doc.get("chunks")
+            if not isinstance(chunks, list):
+                raise BadEntry("file entry without chunk list")
+            total = 0
+            for item in chunks:
+                if (not isinstance(item, list) or len(item) != 2
+                        or not isinstance(item[0], str) or not _SHA_RE.match(item[0])
+                        or not isinstance(item[1], int) or isinstance(item[1], bool)
+                        or not 0 < item[1] <= max_chunk):
+                    raise BadEntry(f"bad chunk {item!r}")
+                total += item[1]
+                entry.chunks.append((item[0], item[1]))
+            if total != entry.size:
+                raise BadEntry(f"chunks add up to {total}, size says {entry.size}")
+        elif kind == "dir":
+            dir_id = doc.get("id")
+            if not isinstance(dir_id, str) or not _DIR_ID_RE.match(dir_id) or dir_id == ROOT_DIR_ID:
+                raise BadEntry(f"bad directory id {dir_id!r}")
+            entry.id = dir_id
+        else:
+            target = doc.get("target")
+            if not isinstance(target, str) or not target or "\0" in target or len(target) > 4096:
+                raise BadEntry("bad symlink target")
+            entry.target = target.encode("utf-8", "surrogateescape")
+        return entry
+
+    @property
+    def st_mode(self) -> int:
+        kind_bits = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
+        return kind_bits[self.type] | self.mode

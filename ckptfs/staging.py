@@ -1,0 +1,221 @@
+"""Local bytes: staging files of files being written, and the chunk cache.
+
+``Staging`` keeps one sparse file per inode under ``staging/`` with a shared descriptor.
+``ChunkCache`` keeps fetched chunks by sha256 under ``cache/``, fetches each chunk at most
+once at a time (single flight), verifies it before anyone sees it, and evicts least
+recently used chunks above its size limit.  Knows nothing of FUSE or inodes' meaning.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import trio
+
+from .errors import FsError
+from .remote import chunk_key
+from .store import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Staging:
+    """Sparse staging files, one per inode, opened once and shared by handles."""
+
+    def __init__(self, root: Path, abandoned: Path) -> None:
+        self.root = root
+        self.abandoned = abandoned
+        root.mkdir(parents=True, exist_ok=True)
+        abandoned.mkdir(parents=True, exist_ok=True)
+        self._fds: dict[int, int] = {}
+
+    def path(self, ino: int) -> Path:
+        return self.root / str(ino)
+
+    def exists(self, ino: int) -> bool:
+        return ino in self._fds or self.path(ino).exists()
+
+    def fd(self, ino: int, create: bool = False) -> int:
+        fd = self._fds.get(ino)
+        if fd is None:
+            flags = os.O_RDWR | (os.O_CREAT if create else 0)
+            try:
+                fd = os.open(self.path(ino), flags, 0o600)
+            except FileNotFoundError:
+                raise FsError(errno.EIO, f"staging file of inode {ino} is missing") from None
+            self._fds[ino] = fd
+        return fd
+
+    def create_empty(self, ino: int) -> int:
+        fd = self.fd(ino, create=True)
+        os.ftruncate(fd, 0)
+        return fd
+
+    def size(self, ino: int) -> int:
+        return os.fstat(self.fd(ino)).st_size
+
+    def close_fd(self, ino: int) -> None:
+        fd = self._fds.pop(ino, None)
+        if fd is not None:
+            os.close(fd)
+
+    def remove(self, ino: int) -> None:
+        self.close_fd(ino)
+        try:
+            self.path(ino).unlink()
+        except FileNotFoundError:
+            pass
+
+    def abandon(self, ino: int) -> Path | None:
+        """Move a staging file aside (kept for ``ckptfs gc``) and forget it."""
+        self.close_fd(ino)
+        src = self.path(ino)
+        if not src.exists():
+            return None
+        dst = self.abandoned / f"{time.time_ns()}-{ino}"
+        os.replace(src, dst)
+        return dst
+
+    def adopt(self, ino: int, path: Path) -> None:
+        """Make ``path`` (on the same filesystem) the staging file of ``ino``."""
+        self.close_fd(ino)
+        os.replace(path, self.path(ino))
+
+    def close_all(self) -> None:
+        for ino in list(self._fds):
+            self.close_fd(ino)
+
+
+class ChunkCache:
+    """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
+
+    def __init__(self, root: Path, store: ObjectStore, limit: int,
+                 fetch_limiter: trio.CapacityLimiter, verify_attempts: int = 3) -> None:
+        self.root = root
+        self.store = store
+        self.limit = limit
+        self.limiter = fetch_limiter
+        self.verify_attempts = verify_attempts
+        self._inflight: dict[str, trio.Event] = {}
+        self._failed: dict[str, BaseException] = {}
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self._pinned: dict[str, int] = {}
+        self.total = 0
+        self.corrupt_events = 0
+        root.mkdir(parents=True, exist_ok=True)
+        for path in root.glob("*/*"):
+            if path.name.startswith("."):
+                path.unlink(missing_ok=True)
+                continue
+            size = path.stat().st_size
+            self._lru[path.name] = size
+            self.total += size
+
+    def path(self, sha: str) -> Path:
+        return self.root / sha[:2] / sha
+
+    def has(self, sha: str) -> bool:
+        return sha in self._lru
+
+    def pin(self, sha: str) -> None:
+        self._pinned[sha] = self._pinned.get(sha, 0) + 1
+
+    def unpin(self, sha: str) -> None:
+        n = self._pinned.get(sha, 0) - 1
+        if n <= 0:
+            self._pinned.pop(sha, None)
+        else:
+            self._pinned[sha] = n
+
+    async def ensure(self, sha: str, length: int) -> Path:
+        """Return the path of a verified local copy of chunk ``sha``, fetching it once."""
+        while True:
+            if sha in self._lru:
+                self._lru.move_to_end(sha)
+                return self.path(sha)
+            event = self._inflight.get(sha)
+            if event is None:
+                break
+            await event.wait()
+            failure = self._failed.get(sha)
+            if failure is not None and sha not in self._lru:
+                raise FsError(errno.EIO, f"fetching chunk {sha[:12]} failed: {failure}")
+        event = self._inflight[sha] = trio.Event()
+        self._failed.pop(sha, None)
+        try:
+            path = await self._fetch(sha, length)
+            self._lru[sha] = length
+            self.total += length
+            self._evict()
+            return path
+        except BaseException as exc:
+            self._failed[sha] = exc
+            raise
+        finally:
+            del self._inflight[sha]
+            event.set()
+
+    async def _fetch(self, sha: str, length: int) -> Path:
+        path = self.path(sha)
+        for attempt in range(1, self.verify_attempts + 1):
+            async with self.limiter:
+                try:
+                    ok = await trio.to_thread.run_sync(self._fetch_sync, sha, length, path)
+                except StoreError as exc:
+                    raise FsError(errno.EIO, f"chunk {sha[:12]}: {exc}") from None
+            if ok:
+                return path
+            self.corrupt_events += 1
+            log.error("chunk %s from the store failed verification (attempt %d/%d)",
+                      sha, attempt, self.verify_attempts)
+        raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
+
+    def _fetch_sync(self, sha: str, length: int, path: Path) -> bool:
+        body, _ = self.store.get(chunk_key(sha))
+        if len(body) != length or hashlib.sha256(body).hexdigest() != sha:
+            return False
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        return True
+
+    def insert_local(self, sha: str, data: bytes) -> None:
+        """Add a chunk we already have in hand (e.g. one we just uploaded)."""
+        if sha in self._lru:
+            return
+        path = self.path(sha)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        self._lru[sha] = len(data)
+        self.total += len(data)
+        self._evict()
+
+    def _evict(self) -> None:
+        if self.total <= self.limit:
+            return
+        for sha in list(self._lru):
+            if self.total <= self.limit:
+                break
+            if sha in self._pinned or sha in self._inflight:
+                continue
+            size = self._lru.pop(sha)
+            self.total -= size
+            try:
+                self.path(sha).unlink()
+            except FileNotFoundError:
+                pass
+
+    def clear(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,487 @@
+"""Object stores: the bottom layer.
+
+Defines the ``ObjectStore`` protocol every other layer talks to, and its
+implementations: ``LocalStore`` (a directory standing in for a bucket), ``S3Store``
+(boto3), ``RetryingStore`` (backoff with jitter around any store) and
+``CountingStore`` (byte and request counters).  Methods are blocking; callers run
+them in worker threads.  This module knows nothing about files, inodes or FUSE: it
+moves opaque bytes under opaque keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    """A store operation failed for good (bad credentials, missing bucket, ...)."""
+
+
+class TransientStoreError(StoreError):
+    """A store operation failed in a way worth retrying (5xx, throttling, resets)."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    size: int
+    etag: str
+
+
+class ObjectStore(Protocol):
+    """What ckptfs needs from an object store.  Keys are relative to the store's root."""
+
+    url: str
+
+    def check(self) -> None:
+        """Raise StoreError with a one-line reason if the store cannot be used."""
+
+    def put(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key`` atomically; return the new ETag."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Store ``data`` only if ``key`` does not exist; False if it did."""
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        """Return (body, etag); raise NotFound."""
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Return bytes [start, end) of the object; raise NotFound."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object whose key starts with ``prefix``, in key order."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; deleting a missing key is not an error."""
+
+
+# --------------------------------------------------------------------------- local
+
+
+class LocalStore:
+    """A directory used as an object store.  Writes are atomic (temp file + rename);
+    ``put_if_absent`` uses ``link(2)``, which fails if the target exists."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = f"file://{root}"
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise StoreError(f"invalid key {key!r}")
+        return self.root / key
+
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise StoreError(f"store directory {self.root} does not exist")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StoreError(f"store directory {self.root} is not writable")
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def put(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        os.replace(tmp, path)
+        return _local_etag(path)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                etag = _local_etag_fd(f.fileno())
+                return f.read(), etag
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return os.pread(f.fileno(), end - start, start)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        # Walk only the directory the prefix lives in when it ends with '/'.
+        base_dir, _, _ = prefix.rpartition("/")
+        start = self.root / base_dir if base_dir else self.root
+        if not start.is_dir():
+            return
+        results: list[ListedObject] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            for name in filenames:
+                if name.startswith(".tmp-"):
+                    continue
+                full = Path(dirpath) / name
+                key = str(full.relative_to(self.root))
+                if key.startswith(prefix):
+                    try:
+                        st = full.stat()
+                    except FileNotFoundError:
+                        continue
+                    results.append(ListedObject(key, st.st_size, _etag_of_stat(st)))
+        results.sort(key=lambda o: o.key)
+        yield from results
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _etag_of_stat(st: os.stat_result) -> str:
+    return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+def _local_etag(path: Path) -> str:
+    return _etag_of_stat(path.stat())
+
+
+def _local_etag_fd(fd: int) -> str:
+    return _etag_of_stat(os.fstat(fd))
+
+
+# --------------------------------------------------------------------------- S3
+
+
+class S3Store:
+    """An S3 bucket (and optional key prefix) through boto3."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
+                 max_pool: int = 32, timeout: float = 30.0) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}"
+        session = boto3.session.Session()
+        # Retries are ours (RetryingStore); botocore's own are kept to a single try so
+        # that back-off and accounting happen in one place.
+        self.client = session.client(
+            "s3", endpoint_url=endpoint_url,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                          max_pool_connections=max_pool, connect_timeout=5,
+                          read_timeout=timeout, signature_version="s3v4",
+                          s3={"addressing_style": "path"}),
+        )
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _translate(self, exc: Exception, key: str) -> StoreError:
+        from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConn,
+                                         NoCredentialsError)
+        if isinstance(exc, NoCredentialsError):
+            return StoreError("no AWS credentials found (set AWS_ACCESS_KEY_ID/"
+                              "AWS_SECRET_ACCESS_KEY or a profile)")
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if code in ("NoSuchKey", "404", "NotFound") and code != "NoSuchBucket":
+                return NotFound(key)
+            if code == "NoSuchBucket":
+                return StoreError(f"bucket {self.bucket!r} does not exist")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                        "403", "InvalidToken", "ExpiredToken"):
+                return StoreError(f"access denied by the store ({code}): check credentials")
+            if status >= 500 or status == 429 or code in ("SlowDown", "Throttling",
+                                                           "RequestTimeout",
+                                                           "InternalError",
+                                                           "ServiceUnavailable"):
+                return TransientStoreError(f"{code or status} on {key}")
+            return StoreError(f"{code or status}: {err.get('Message', '')} ({key})")
+        if isinstance(exc, (BotoConn, BotoCoreError, OSError)):
+            return TransientStoreError(f"{type(exc).__name__}: {exc}")
+        return StoreError(f"{type(exc).__name__}: {exc}")
+
+    def check(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:  # noqa: BLE001 - translated below
+            err = self._translate(exc, "")
+            if isinstance(err, NotFound):
+                raise StoreError(f"bucket {self.bucket!r} does not exist") from None
+            if isinstance(err, TransientStoreError):
+                raise StoreError(f"store unreachable: {err}") from None
+            raise err from None
+
+    def put(self, key: str, data: bytes) -> str:
+        try:
+            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)
+            return r.get("ETag", "")
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                   IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return False
+            if code == "ConditionalRequestConflict" or status == 409:
+                raise TransientStoreError(f"conditional write conflict on {key}") from None
+            raise self._translate(exc, key) from None
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return r["Body"].read(), r.get("ETag", "")
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key),
+                                       Range=f"bytes={start}-{end - 1}")
+            return r["Body"].read()
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            return True
+        except Exception as exc:  # noqa: BLE001
+            err = self._translate(exc, key)
+            if isinstance(err, NotFound):
+                return False
+            raise err from None
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        token: str | None = None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+            if token:
+                kwargs["ContinuationToken"] = token
+            try:
+                r = self.client.list_objects_v2(**kwargs)
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(exc, prefix) from None
+            for obj in r.get("Contents", []):
+                yield ListedObject(obj["Key"][len(self.prefix):], obj["Size"],
+                                   obj.get("ETag", ""))
+            if not r.get("IsTruncated"):
+                return
+            token = r.get("NextContinuationToken")
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
+        except Exception as exc:  # noqa: BLE001
+            err = self._translate(exc, key)
+            if not isinstance(err, NotFound):
+                raise err from None
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+@dataclass
+class RetryPolicy:
+    attempts: int = 6
+    base_delay: float = 0.1
+    max_delay: float = 5.0
+
+
+class RetryingStore:
+    """Retries transient failures with exponential backoff and full jitter."""
+
+    def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
+                 stats: "StoreStats | None" = None) -> None:
+        self.inner = inner
+        self.policy = policy or RetryPolicy()
+        self.stats = stats
+        self.url = inner.url
+
+    def _call(self, what: str, fn, *args):
+        attempt = 0
+        while True:
+            try:
+                return fn(*args)
+            except TransientStoreError as exc:
+                attempt += 1
+                if self.stats:
+                    self.stats.add(errors=1)
+                if attempt >= self.policy.attempts:
+                    log.error("store %s failed after %d attempts: %s", what, attempt, exc)
+                    raise
+                delay = random.uniform(0, min(self.policy.max_delay,
+                                              self.policy.base_delay * 2 ** attempt))
+                log.warning("store %s failed (%s); retry %d in %.2fs", what, exc, attempt, delay)
+                if self.stats:
+                    self.stats.add(retries=1)
+                time.sleep(delay)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def put(self, key: str, data: bytes) -> str:
+        return self._call("put", self.inner.put, key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._call("put_if_absent", self.inner.put_if_absent, key, data)
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        return self._call("get", self.inner.get, key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self._call("get_range", self.inner.get_range, key, start, end)
+
+    def exists(self, key: str) -> bool:
+        return self._call("exists", self.inner.exists, key)
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        return iter(self._call("list", lambda p: list(self.inner.list(p)), prefix))
+
+    def delete(self, key: str) -> None:
+        self._call("delete", self.inner.delete, key)
+
+
+@dataclass
+class StoreStats:
+    """Counters shared by CountingStore and the retry loop; thread-safe."""
+
+    bytes_put: int = 0
+    bytes_got: int = 0
+    puts: int = 0
+    gets: int = 0
+    lists: int = 0
+    deletes: int = 0
+    heads: int = 0
+    errors: int = 0
+    retries: int = 0
+    chunk_bytes_put: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, value in deltas.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+class CountingStore:
+    """Counts requests and bytes moved; the numbers behind ``ckptfs status`` and tests."""
+
+    def __init__(self, inner: ObjectStore, stats: StoreStats) -> None:
+        self.inner = inner
+        self.stats = stats
+        self.url = inner.url
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def put(self, key: str, data: bytes) -> str:
+        etag = self.inner.put(key, data)
+        self._count_put(key, len(data))
+        return etag
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        done = self.inner.put_if_absent(key, data)
+        if done:
+            self._count_put(key, len(data))
+        return done
+
+    def _count_put(self, key: str, n: int) -> None:
+        self.stats.add(puts=1, bytes_put=n, chunk_bytes_put=n if key.startswith("chunks/") else 0)
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        body, etag = self.inner.get(key)
+        self.stats.add(gets=1, bytes_got=len(body))
+        return body, etag
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        body = self.inner.get_range(key, start, end)
+        self.stats.add(gets=1, bytes_got=len(body))
+        return body
+
+    def exists(self, key: str) -> bool:
+        self.stats.add(heads=1)
+        return self.inner.exists(key)
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        self.stats.add(lists=1)
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.stats.add(deletes=1)
+        self.inner.delete(key)
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+class BadStoreURL(ValueError):
+    pass
+
+
+def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
+    """Build the raw store a URL names (no retries, no counting)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise BadStoreURL(f"bad store URL {url!r}: use file:///absolute/path")
+        if not parsed.path.startswith("/"):
+            raise BadStoreURL(f"bad store URL {url!r}: the path must be absolute")
+        return LocalStore(Path(urllib.parse.unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise BadStoreURL(f"bad store URL {url!r}: use s3://bucket/prefix")
+        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+            os.environ.get("AWS_ENDPOINT_URL")
+        return S3Store(parsed.netloc, parsed.path, endpoint)
+    raise BadStoreURL(f"bad store URL {url!r}: expected file:///path or s3://bucket/prefix")
