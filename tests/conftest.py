@@ -1,0 +1,168 @@
+"""Shared fixtures: a real SeaweedFS S3 server on loopback, and real ckptfs mounts
+started through the CLI exactly as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ckptfs.seaweed import SeaweedServer
+
+BUCKET = "ckptfs-test"
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    server.create_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+def run_ckptfs(*args: str, env: dict | None = None, timeout: float = 120,
+               check: bool = False) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "ckptfs", *args], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ckptfs {' '.join(args)} failed ({proc.returncode}): "
+                             f"{proc.stderr}")
+    return proc
+
+
+@dataclass
+class StoreSpec:
+    kind: str
+    url: str
+    env: dict = field(default_factory=dict)
+    root: Path | None = None     # LocalStore directory
+    seaweed: SeaweedServer | None = None
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path) -> StoreSpec:
+    """A fresh, empty store: a LocalStore directory or a prefix in the SeaweedFS bucket."""
+    if request.param == "local":
+        root = tmp_path / "store"
+        root.mkdir()
+        return StoreSpec("local", f"file://{root}", root=root)
+    server = request.getfixturevalue("seaweed")
+    return StoreSpec("s3", f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", env=server.env(),
+                     seaweed=server)
+
+
+@pytest.fixture
+def local_store(tmp_path) -> StoreSpec:
+    root = tmp_path / "store"
+    root.mkdir(exist_ok=True)
+    return StoreSpec("local", f"file://{root}", root=root)
+
+
+@pytest.fixture
+def s3_store(seaweed) -> StoreSpec:
+    return StoreSpec("s3", f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", env=seaweed.env(),
+                     seaweed=seaweed)
+
+
+class Mount:
+    """One ckptfs daemon: its mount point and its own node-local state."""
+
+    def __init__(self, base: Path, store: StoreSpec, name: str = "node") -> None:
+        self.store = store
+        self.path = base / f"{name}-mnt"
+        self.state_dir = base / f"{name}-state"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.pid: int | None = None
+
+    def start(self, *extra: str, durability: str = "sync", faults: dict | None = None,
+              env: dict | None = None) -> None:
+        full_env = dict(self.store.env)
+        full_env.update(env or {})
+        if faults is not None:
+            full_env["CKPTFS_FAULTS"] = json.dumps(faults)
+        run_ckptfs("mount", str(self.path), "--store", self.store.url, "--state-dir",
+                   str(self.state_dir), "--durability", durability, *extra, env=full_env,
+                   check=True)
+        self.pid = self.status()["pid"]
+
+    def status(self) -> dict:
+        proc = run_ckptfs("status", str(self.path), check=True)
+        return json.loads(proc.stdout)
+
+    def stats(self) -> dict:
+        return json.loads(os.getxattr(self.path, "user.ckptfs.stats"))
+
+    def store_stats(self) -> dict:
+        return self.status()["store_stats"]
+
+    def stop(self) -> None:
+        run_ckptfs("umount", str(self.path), check=True)
+        self._wait_exit()
+
+    def kill(self) -> None:
+        """SIGKILL the daemon, as a crash would, and clear the dead mount."""
+        assert self.pid
+        os.kill(self.pid, signal.SIGKILL)
+        self._wait_exit()
+        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False,
+                       capture_output=True)
+
+    def _wait_exit(self, timeout: float = 60) -> None:
+        if not self.pid:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                break
+            # reap if it is our child's child: it is not, so poll /proc
+            try:
+                with open(f"/proc/{self.pid}/stat") as f:
+                    if f.read().split(")")[-1].split()[0] == "Z":
+                        break
+            except FileNotFoundError:
+                break
+            time.sleep(0.05)
+        self.pid = None
+
+    def cleanup(self) -> None:
+        if os.path.ismount(self.path):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], check=False,
+                           capture_output=True)
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def make_mount(tmp_path):
+    mounts: list[Mount] = []
+
+    def factory(store: StoreSpec, name: str | None = None, **start_kwargs) -> Mount:
+        mount = Mount(tmp_path, store, name or f"node{len(mounts)}")
+        mounts.append(mount)
+        mount.start(**start_kwargs)
+        return mount
+
+    yield factory
+    for mount in mounts:
+        mount.cleanup()
+
+
+@pytest.fixture
+def mnt(store, make_mount) -> Mount:
+    return make_mount(store)
