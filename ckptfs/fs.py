@@ -52,7 +52,7 @@ class Handle:
     opener: Opener
     writable: bool
     wrote: bool = False
-    failed: bool = False
+    failed: int = 0        # errno of a failed write: this handle never publishes
 
 
 @dataclass
@@ -507,7 +507,7 @@ class Filesystem:
         try:
             written = os.pwrite(self.staging.fd(inode.ino), data, offset)
         except OSError as exc:
-            handle.failed = True
+            handle.failed = exc.errno or errno.EIO
             log.error("write to staging of inode %d failed: %s", inode.ino, exc)
             raise FsError(exc.errno or errno.EIO, "staging write failed") from None
         handle.wrote = True
@@ -551,8 +551,9 @@ class Filesystem:
             return
         inode = self.ns.get(handle.ino)
         if handle.failed:
-            self._abandon_if_alone(inode, handle, "a write on it failed")
-            raise FsError(errno.EIO, "not published: an earlier write failed")
+            self._abandon_if_alone(inode, handle, "a write on it failed", keep=False)
+            # Report the write's own error again at close (as NFS does), e.g. ENOSPC.
+            raise FsError(handle.failed, "not published: an earlier write failed")
         if not inode.dirty:
             return
         if died_unclean(handle.opener):
@@ -573,7 +574,7 @@ class Filesystem:
         if not handle.writable or not inode.dirty:
             return
         if handle.failed:
-            raise FsError(errno.EIO, "an earlier write failed")
+            raise FsError(handle.failed, "an earlier write failed")
         fd = self.staging.fd(inode.ino)
         await trio.to_thread.run_sync(os.fsync, fd)
         inode.size = self.staging.size(inode.ino)
@@ -589,15 +590,20 @@ class Filesystem:
             self.ns.journal_add({"op": "publish", "ino": inode.ino})
         self.queue.submit(inode.ino)
 
-    def _abandon_if_alone(self, inode: Inode, handle: Handle, why: str) -> None:
-        """Keep a torn version out of sight: move its staging file aside and show the
-        last published version again (or nothing if there never was one)."""
+    def _abandon_if_alone(self, inode: Inode, handle: Handle, why: str, keep: bool = True) -> None:
+        """Keep a torn version out of sight: move its staging file aside (for ``ckptfs
+        gc``; dropped at once when ``keep`` is false, e.g. after ENOSPC) and show the last
+        published version again, or nothing if there never was one."""
         rt = self._rt(inode.ino)
         if rt.writers > 1:
             return
-        kept = self.staging.abandon(inode.ino)
-        log.warning("%s left unpublished because %s; staged bytes kept at %s",
-                    self._path_for_log(inode), why, kept)
+        if keep:
+            kept = self.staging.abandon(inode.ino)
+            log.warning("%s left unpublished because %s; staged bytes kept at %s",
+                        self._path_for_log(inode), why, kept)
+        else:
+            self.staging.remove(inode.ino)
+            log.warning("%s left unpublished because %s", self._path_for_log(inode), why)
         handle.wrote = False
         inode.dirty = False
         inode.local_copy = False
