@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set everything up, then run the whole test suite (real FUSE mounts, a real SeaweedFS
+# S3 server on loopback started by the fixtures).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+exec .venv/bin/python -m pytest "$@"

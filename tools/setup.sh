@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything ckptfs needs on a Debian machine (run as root); idempotent.
+#   apt: fuse3, libfuse3-dev, pkg-config (pyfuse3 builds from source), gcc, python3 venv/headers
+#   .venv in the repository root with ckptfs and its test dependencies.
+# Usage: tools/setup.sh [extra ...]   e.g. tools/setup.sh frameworks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+extras="test"
+for e in "$@"; do extras="$extras,$e"; done
+stamp=".venv/.ckptfs-installed-$(sha256sum pyproject.toml | cut -c1-16)-${extras//,/-}"
+if [ ! -e "$stamp" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
+    touch "$stamp"
+fi
