@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
+    b = sub.add_parser("bench", help="run the checkpoint workload against ckptfs and "
+                       "its baselines; print medians and ratios")
+    from .bench import add_arguments
+    add_arguments(b)
     return parser
 
 
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args.mountpoint)
     if args.command == "wait":
         return cmd_wait(args.path)
+    if args.command == "bench":
+        from .bench import main as bench_main
+        return bench_main(args)
     return fail(f"unknown command {args.command}")
 
 

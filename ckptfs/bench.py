@@ -1,0 +1,369 @@
+"""``ckptfs bench``: a checkpoint workload run against ckptfs and its baselines, side by
+side, in alternating rounds, printing medians and ratios (DESIGN.md §7).
+
+Workload (default): 4 files of 256 MiB and 20 small files, never-repeating bytes,
+written with 1 MiB writes, then fsync, then close.  Baselines: local disk, and a direct
+boto3 (s3transfer) upload/download of the same files to the same store.  ckptfs runs in
+``sync`` and ``async`` modes.  Each ckptfs round uses a fresh mount (new state dir) so
+reads are cold.  Uses the CLI, as a user would.  Knows nothing of ckptfs internals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+@dataclass
+class Workload:
+    big_files: int = 4
+    big_size: int = 256 * MiB
+    small_files: int = 20
+    small_size: int = 64 * 1024
+    write_size: int = MiB
+
+    def files(self) -> list[tuple[str, int]]:
+        out = [(f"model-{i:02d}.safetensors", self.big_size) for i in range(self.big_files)]
+        out += [(f"small-{i:02d}.json", self.small_size) for i in range(self.small_files)]
+        return out
+
+    @property
+    def total(self) -> int:
+        return sum(size for _, size in self.files())
+
+
+def block(tag: str, index: int, size: int) -> bytes:
+    """``size`` bytes unique to (tag, index): never repeats across files or rounds."""
+    seed = hashlib.sha256(f"{tag}/{index}".encode()).digest()
+    reps = -(-size // 32)
+    return (seed * reps)[:size]
+
+
+def write_tree(root: Path, workload: Workload, tag: str, do_fsync: bool = True) -> float:
+    """Write the workload under ``root``; return seconds until every close returned."""
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for name, size in workload.files():
+        fd = os.open(root / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            written = 0
+            index = 0
+            while written < size:
+                n = min(workload.write_size, size - written)
+                os.write(fd, block(f"{tag}/{name}", index, n))
+                written += n
+                index += 1
+            if do_fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def read_tree(root: Path, workload: Workload) -> float:
+    t0 = time.perf_counter()
+    for name, _ in workload.files():
+        with open(root / name, "rb", buffering=0) as f:
+            while f.read(4 * MiB):
+                pass
+    return time.perf_counter() - t0
+
+
+def drop_page_cache(path: Path) -> None:
+    """Evict one tree's pages from the page cache (POSIX_FADV_DONTNEED)."""
+    for p in path.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def ckptfs_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckptfs", *args], check=True,
+                          capture_output=True, text=True, env=env)
+
+
+def daemon_status(mnt: Path, env: dict) -> dict:
+    return json.loads(ckptfs_cli("status", str(mnt), env=env).stdout)
+
+
+def peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+READER = r"""
+import sys
+with open(sys.argv[1], "rb", buffering=0) as f:
+    while f.read(4 << 20):
+        pass
+"""
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="ckptfs-bench-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.workload = Workload(big_files=args.big_files, big_size=args.big_size,
+                                 small_files=args.small_files)
+        self.env = dict(os.environ)
+        self.server = None
+        self.results: dict[str, dict[str, list[float]]] = {}
+
+    def record(self, system: str, metric: str, value: float) -> None:
+        self.results.setdefault(system, {}).setdefault(metric, []).append(value)
+
+    # -------------------------------------------------------------- store
+    def open_store(self) -> None:
+        if self.args.store:
+            self.store_url = self.args.store
+            self.endpoint = self.args.endpoint_url
+            return
+        from .seaweed import SeaweedServer
+        self.server = SeaweedServer(self.work / "seaweed")
+        self.server.start()
+        self.server.create_bucket("bench")
+        self.env.update(self.server.env())
+        self.store_url = "s3://bench/"
+        self.endpoint = self.server.endpoint_url
+
+    def s3_client(self):
+        import boto3
+        from botocore.config import Config
+        return boto3.client("s3", endpoint_url=self.endpoint or None,
+                            config=Config(max_pool_connections=32,
+                                          s3={"addressing_style": "path"}),
+                            aws_access_key_id=self.env.get("AWS_ACCESS_KEY_ID"),
+                            aws_secret_access_key=self.env.get("AWS_SECRET_ACCESS_KEY"),
+                            region_name=self.env.get("AWS_DEFAULT_REGION", "us-east-1"))
+
+    # -------------------------------------------------------------- systems
+    def run_local(self, rnd: int) -> None:
+        root = self.work / f"local-{rnd}"
+        blocked = write_tree(root, self.workload, f"local{rnd}")
+        self.record("local", "blocked", blocked)
+        self.record("local", "durable", blocked)
+        drop_page_cache(root)
+        self.record("local", "cold_read", read_tree(root, self.workload))
+        self.record("local", "warm_read", read_tree(root, self.workload))
+        shutil.rmtree(root)
+
+    def run_boto3(self, rnd: int) -> None:
+        if not self.store_url.startswith("s3://"):
+            return
+        from boto3.s3.transfer import TransferConfig
+        bucket, _, prefix = self.store_url[5:].partition("/")
+        key_prefix = f"{prefix.strip('/')}/boto3-{uuid.uuid4().hex[:8]}/".lstrip("/")
+        src = self.work / f"boto3-src-{rnd}"
+        write_tree(src, self.workload, f"boto3{rnd}", do_fsync=False)
+        client = self.s3_client()
+        cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
+                             max_concurrency=10)
+        files = self.workload.files()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda nf: client.upload_file(str(src / nf[0]), bucket,
+                                                         key_prefix + nf[0], Config=cfg), files))
+        self.record("boto3", "durable", time.perf_counter() - t0)
+        dst = self.work / f"boto3-dst-{rnd}"
+        dst.mkdir()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda nf: client.download_file(bucket, key_prefix + nf[0],
+                                                           str(dst / nf[0]), Config=cfg), files))
+        self.record("boto3", "cold_read", time.perf_counter() - t0)
+        shutil.rmtree(src)
+        shutil.rmtree(dst)
+
+    def mount(self, name: str, durability: str) -> Path:
+        mnt = self.work / f"mnt-{name}"
+        mnt.mkdir(exist_ok=True)
+        args = ["mount", str(mnt), "--store", self.store_url, "--state-dir",
+                str(self.work / f"state-{name}"), "--durability", durability]
+        if self.endpoint:
+            args += ["--endpoint-url", self.endpoint]
+        ckptfs_cli(*args, env=self.env)
+        return mnt
+
+    def umount(self, mnt: Path) -> None:
+        ckptfs_cli("umount", str(mnt), env=self.env)
+
+    def run_ckptfs(self, rnd: int, durability: str) -> None:
+        system = f"ckptfs-{durability}"
+        name = f"{durability}-{rnd}-{uuid.uuid4().hex[:6]}"
+        mnt = self.mount(name, durability)
+        try:
+            pid = daemon_status(mnt, self.env)["pid"]
+            root = mnt / f"ckpt-{name}"
+            t0 = time.perf_counter()
+            blocked = write_tree(root, self.workload, name)
+            ckptfs_cli("wait", str(mnt), env=self.env)
+            durable = time.perf_counter() - t0
+            self.record(system, "blocked", blocked)
+            self.record(system, "durable", durable)
+            if not self.args.quick:
+                before = daemon_status(mnt, self.env)["fs"]["bytes_uploaded"]
+                write_tree(mnt / f"resave-{name}", self.workload, name)
+                ckptfs_cli("wait", str(mnt), env=self.env)
+                after = daemon_status(mnt, self.env)["fs"]["bytes_uploaded"]
+                self.record(system, "resave_uploaded_fraction",
+                            (after - before) / self.workload.total)
+            self.record(system, "peak_rss_mib", peak_rss(pid) / MiB)
+        finally:
+            self.umount(mnt)
+        # Cold and warm reads from a fresh mount (new state dir: nothing cached).
+        reader = self.mount(f"{name}-reader", durability)
+        try:
+            self.record(system, "cold_read", read_tree(reader / f"ckpt-{name}", self.workload))
+            self.record(system, "warm_read", read_tree(reader / f"ckpt-{name}", self.workload))
+            if not self.args.quick and self.workload.big_files:
+                self.eight_readers(rnd, system, name)
+            pid = daemon_status(reader, self.env)["pid"]
+            self.record(system, "reader_peak_rss_mib", peak_rss(pid) / MiB)
+        finally:
+            self.umount(reader)
+
+    def eight_readers(self, rnd: int, system: str, name: str) -> None:
+        mnt = self.mount(f"{name}-8r", "sync")
+        try:
+            target = mnt / f"ckpt-{name}" / self.workload.files()[0][0]
+            target.parent.stat()
+            before = daemon_status(mnt, self.env)["store_stats"]["bytes_got"]
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen([sys.executable, "-c", READER, str(target)])
+                     for _ in range(8)]
+            for p in procs:
+                p.wait()
+            self.record(system, "8_readers", time.perf_counter() - t0)
+            fetched = daemon_status(mnt, self.env)["store_stats"]["bytes_got"] - before
+            self.record(system, "8_readers_fetched_x", fetched / self.workload.big_size)
+        finally:
+            self.umount(mnt)
+
+    # -------------------------------------------------------------- main
+    def run(self) -> dict:
+        self.open_store()
+        try:
+            for rnd in range(self.args.rounds):
+                for system in self.args.systems:
+                    print(f"bench: round {rnd + 1}/{self.args.rounds}: {system}",
+                          file=sys.stderr, flush=True)
+                    if system == "local":
+                        self.run_local(rnd)
+                    elif system == "boto3":
+                        self.run_boto3(rnd)
+                    else:
+                        self.run_ckptfs(rnd, system.removeprefix("ckptfs-"))
+        finally:
+            if self.server:
+                self.server.stop()
+            if not self.args.work_dir:
+                shutil.rmtree(self.work, ignore_errors=True)
+        return self.summary()
+
+    def summary(self) -> dict:
+        med = {s: {m: statistics.median(v) for m, v in ms.items()}
+               for s, ms in self.results.items()}
+        return {"workload": {"files": len(self.workload.files()),
+                             "bytes": self.workload.total}, "medians": med,
+                "rounds": self.args.rounds, "raw": self.results}
+
+
+def ratios(summary: dict) -> list[str]:
+    med = summary["medians"]
+    local = med.get("local", {})
+    boto = med.get("boto3", {})
+    lines = []
+
+    def ratio(label, a, b, target):
+        if a is None or b is None or b == 0:
+            return
+        lines.append(f"  {label:<52} {a / b:6.2f}x   (target {target})")
+
+    for mode in ("async", "sync"):
+        m = med.get(f"ckptfs-{mode}", {})
+        if not m:
+            continue
+        ratio(f"{mode}: blocked / local-disk write", m.get("blocked"), local.get("blocked"),
+              "<= 1.5x" if mode == "async" else "-")
+        base = max(local.get("durable", 0), boto.get("durable", 0)) or None
+        ratio(f"{mode}: durable / max(local write, boto3 upload)", m.get("durable"), base,
+              "<= 1.2x")
+        if m.get("cold_read") and boto.get("cold_read"):
+            lines.append(f"  {mode + ': cold read throughput / boto3 download':<52} "
+                         f"{boto['cold_read'] / m['cold_read']:6.2f}x   (target >= 0.9x)")
+        if m.get("warm_read") and local.get("warm_read"):
+            lines.append(f"  {mode + ': warm read throughput / local disk':<52} "
+                         f"{local['warm_read'] / m['warm_read']:6.2f}x   (target >= 0.8x)")
+    return lines
+
+
+def print_table(summary: dict) -> None:
+    total = summary["workload"]["bytes"]
+    print(f"workload: {summary['workload']['files']} files, {total / MiB:.0f} MiB; medians "
+          f"of {summary['rounds']} round(s)")
+    metrics = sorted({m for ms in summary["medians"].values() for m in ms})
+    systems = list(summary["medians"])
+    print(f"{'metric':<28}" + "".join(f"{s:>16}" for s in systems))
+    for metric in metrics:
+        row = f"{metric:<28}"
+        for s in systems:
+            v = summary["medians"][s].get(metric)
+            row += f"{'-':>16}" if v is None else f"{v:>16.3f}"
+        print(row)
+    print("throughput (MiB/s, from the medians):")
+    for s in systems:
+        parts = []
+        for metric in ("blocked", "durable", "cold_read", "warm_read"):
+            v = summary["medians"][s].get(metric)
+            if v:
+                parts.append(f"{metric} {total / MiB / v:8.1f}")
+        print(f"  {s:<16} " + "  ".join(parts))
+    print("ratios:")
+    for line in ratios(summary):
+        print(line)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="store URL (default: start a private SeaweedFS)")
+    p.add_argument("--endpoint-url")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--systems", nargs="+",
+                   default=["local", "boto3", "ckptfs-sync", "ckptfs-async"])
+    p.add_argument("--big-files", type=int, default=4)
+    p.add_argument("--big-size", type=lambda s: int(float(s) * MiB), default=256 * MiB,
+                   help="size of each big file in MiB")
+    p.add_argument("--small-files", type=int, default=20)
+    p.add_argument("--work-dir", help="scratch directory (default: a new temp dir)")
+    p.add_argument("--quick", action="store_true", help="skip re-save and 8-reader runs")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    summary = Bench(args).run()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table(summary)
+    return 0
