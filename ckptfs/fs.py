@@ -528,9 +528,8 @@ class Filesystem:
 
     async def _pipeline_chunk(self, ino: int, tracker: ChunkTracker, index: int, pending) -> None:
         try:
-            fd = self.staging.fd(ino)
             size = self.config.chunk_size
-            pending.result = await self.uploader.upload(fd, index * size, size)
+            pending.result = await self.uploader.upload(self.staging.path(ino), index * size, size)
         except Exception as exc:  # flush uploads it again and reports the error
             pending.error = exc
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
@@ -650,7 +649,7 @@ class Filesystem:
         generation = rt.write_gen
         size = self.staging.size(ino)
         try:
-            chunks = await chunk_list(self.uploader, rt.tracker, self.staging.fd(ino), size,
+            chunks = await chunk_list(self.uploader, rt.tracker, self.staging.path(ino), size,
                                       self.config.chunk_size)
         except StoreError as exc:
             self.uploader.stats.publish_failures += 1

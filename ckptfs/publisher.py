@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
@@ -45,9 +46,9 @@ class ChunkUploader:
         self.on_known = on_known      # persists a newly known hash (trio thread)
         self.stats = UploadStats()
 
-    async def upload(self, fd: int, offset: int, length: int) -> tuple[str, int]:
+    async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
         async with self.limiter:
-            sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, fd, offset, length)
+            sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, path, offset, length)
         if sha not in self.known:
             self.known.add(sha)
             self.on_known(sha)
@@ -59,8 +60,14 @@ class ChunkUploader:
             self.stats.bytes_deduplicated += length
         return sha, length
 
-    def _upload_sync(self, fd: int, offset: int, length: int) -> tuple[str, bool]:
-        data = os.pread(fd, length, offset)
+    def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool]:
+        # Opened here, not shared: a handle's descriptor may be closed (and its number
+        # reused) while a background publish is still reading.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
         if len(data) != length:
             raise OSError(5, f"staging file shorter than expected at {offset}")
         sha = hashlib.sha256(data).hexdigest()
@@ -131,7 +138,7 @@ class ChunkTracker:
         return pending
 
 
-async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, fd: int,
+async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path: Path,
                      size: int, chunk_size: int) -> list[tuple[str, int]]:
     """Upload whatever is not yet uploaded and return the file's chunk list."""
     count = math.ceil(size / chunk_size)
@@ -148,7 +155,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, fd: 
                 result[index] = pending.result
                 return
         try:
-            result[index] = await uploader.upload(fd, offset, length)
+            result[index] = await uploader.upload(path, offset, length)
         except BaseException as exc:  # collected: the first one is raised below
             errors.append(exc)
 

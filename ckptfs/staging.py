@@ -59,7 +59,13 @@ class Staging:
         return fd
 
     def size(self, ino: int) -> int:
-        return os.fstat(self.fd(ino)).st_size
+        fd = self._fds.get(ino)
+        if fd is not None:
+            return os.fstat(fd).st_size
+        try:
+            return os.stat(self.path(ino)).st_size
+        except FileNotFoundError:
+            raise FsError(errno.EIO, f"staging file of inode {ino} is missing") from None
 
     def close_fd(self, ino: int) -> None:
         fd = self._fds.pop(ino, None)

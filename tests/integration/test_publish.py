@@ -219,3 +219,19 @@ def test_staging_disk_full_gives_enospc_and_publishes_nothing(local_store, make_
             mnt.cleanup()
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_async_publish_after_close_reads_the_right_bytes(store, make_mount):
+    """Regression: background uploads used the handle's descriptor, which release()
+    closes; uploads failed with EBADF, or read another file through a reused number."""
+    mnt = make_mount(store, durability="async")
+    files = {f"f{i}": os.urandom(20 * MiB + i) for i in range(4)}
+    for name, data in files.items():
+        (mnt.path / name).write_bytes(data)
+    from conftest import run_ckptfs
+    run_ckptfs("wait", str(mnt.path), check=True)
+    stats = mnt.stats()
+    assert stats["publish_failures"] == 0
+    other = fresh(make_mount, store)
+    for name, data in files.items():
+        assert (other.path / name).read_bytes() == data
