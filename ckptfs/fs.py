@@ -80,6 +80,7 @@ class Filesystem:
         self.handles: dict[int, Handle] = {}
         self.runtime: dict[int, Runtime] = {}
         self._next_fh = 1
+        self.write_requests = 0
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
         self.meta_limiter = trio.CapacityLimiter(16)
@@ -511,6 +512,7 @@ class Filesystem:
             log.error("write to staging of inode %d failed: %s", inode.ino, exc)
             raise FsError(exc.errno or errno.EIO, "staging write failed") from None
         handle.wrote = True
+        self.write_requests += 1
         rt = self._rt(inode.ino)
         rt.write_gen += 1
         if not inode.dirty:
@@ -882,7 +884,7 @@ class Filesystem:
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
                 "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
-                "open_handles": len(self.handles)}
+                "open_handles": len(self.handles), "write_requests": self.write_requests}
 
 
 def check_name_or_raise(name: bytes) -> None:
