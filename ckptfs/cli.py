@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
+    pf = sub.add_parser("prefetch", help="warm a file or a tree into this node's cache")
+    pf.add_argument("path", type=Path)
+
     b = sub.add_parser("bench", help="run the checkpoint workload against ckptfs and "
                        "its baselines; print medians and ratios")
     from .bench import add_arguments
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args.mountpoint)
     if args.command == "wait":
         return cmd_wait(args.path)
+    if args.command == "prefetch":
+        return cmd_prefetch(args.path)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)
@@ -231,10 +236,41 @@ def cmd_status(mountpoint: Path) -> int:
     return 0
 
 
-def cmd_wait(path: Path) -> int:
+def mount_of(path: Path) -> Path:
     mount = path.absolute()
     while not os.path.ismount(mount) and mount != mount.parent:
         mount = mount.parent
+    return mount
+
+
+def cmd_prefetch(path: Path) -> int:
+    path = path.absolute()
+    if not path.exists():
+        return fail(f"{path}: no such file or directory")
+    tty = sys.stderr.isatty()
+    try:
+        for reply in control_request(mount_of(path), {"cmd": "prefetch", "path": str(path)}):
+            if reply.get("error"):
+                return fail(reply["error"])
+            if "progress" in reply:
+                total = reply["total"] or 1
+                line = (f"ckptfs: prefetch {reply['progress'] / 2**20:.0f}/"
+                        f"{reply['total'] / 2**20:.0f} MiB ({100 * reply['progress'] / total:.0f}%)")
+                print(line, end="\r" if tty else "\n", file=sys.stderr, flush=True)
+            if reply.get("done"):
+                for failure in reply["failed"]:
+                    print(f"ckptfs: prefetch failed: {failure}", file=sys.stderr)
+                print(f"ckptfs: prefetched {reply['files']} file(s), "
+                      f"{reply['bytes'] / 2**20:.1f} MiB" +
+                      (f", {len(reply['failed'])} failed" if reply["failed"] else ""))
+                return 0 if reply["ok"] else 1
+    except ConnectionError as exc:
+        return fail(str(exc))
+    return fail("the daemon closed the connection early")
+
+
+def cmd_wait(path: Path) -> int:
+    mount = mount_of(path)
     try:
         for reply in control_request(mount, {"cmd": "wait"}):
             if "pending_uploads" in reply:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from .errors import FsError
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
 from .namespace import Namespace
@@ -167,7 +168,7 @@ class Daemon:
                     raise MountError(f"FUSE mount failed: {exc}") from None
                 try:
                     await nursery.start(fs.queue.run)
-                    await fs.replay_journal()
+                    await fs.start()
                     await nursery.start(self._serve_control, control_path)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
@@ -257,5 +258,41 @@ class Daemon:
                 if command == "umount":
                     self._shutdown.set()
                 await send({"ok": True, "done": True})
+            elif command == "prefetch":
+                await self._prefetch(fs, request.get("path", ""), send)
             else:
                 await send({"error": f"unknown command {command!r}"})
+
+    async def _prefetch(self, fs: Filesystem, path: str, send) -> None:
+        relative = os.path.relpath(path, self.opts.mountpoint)
+        if relative.startswith(".."):
+            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
+            return
+        try:
+            top = await fs.resolve(os.fsencode(relative))
+            files = await fs.files_under(top, os.fsencode(relative).lstrip(b"."))
+        except FsError as exc:
+            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
+            return
+        total = sum(inode.size for _, inode in files)
+        progress = {"done_bytes": 0}
+        failed: list[str] = []
+
+        def on_bytes(n: int) -> None:
+            progress["done_bytes"] += n
+
+        async def reporter() -> None:
+            while True:
+                await trio.sleep(0.5)
+                await send({"progress": progress["done_bytes"], "total": total})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reporter)
+            for name, inode in files:
+                try:
+                    await fs.warm(inode, on_bytes)
+                except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
+                    failed.append(f"{os.fsdecode(name)}: {exc}")
+            nursery.cancel_scope.cancel()
+        await send({"done": True, "ok": not failed, "files": len(files), "bytes": total,
+                    "failed": failed})

@@ -42,7 +42,7 @@ class Config:
     cache_size: int = 8 << 30
     upload_concurrency: int = 4
     fetch_concurrency: int = 8
-    readahead_chunks: int = 2
+    readahead_chunks: int = 8          # window for a sequential reader
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Handle:
     writable: bool
     wrote: bool = False
     failed: int = 0        # errno of a failed write: this handle never publishes
+    read_end: int = 0      # where the last read ended (sequential detection)
+    sequential: int = 0    # consecutive sequential reads
 
 
 @dataclass
@@ -227,6 +229,7 @@ class Filesystem:
             inode.target, inode.remote_etag = entry.target, etag
             if content_changed and inode.local_copy:
                 inode.local_copy = False
+                self.cache.untrack_local(ino)
                 if not self._is_open(ino):
                     self.staging.remove(ino)
             self.ns.save(inode)
@@ -257,8 +260,7 @@ class Filesystem:
                 self._forget_subtree(self.ns.get(child))
         self.ns.unlink(inode)
         if not self._is_open(inode.ino):
-            self.staging.remove(inode.ino)
-            self.ns.delete_inode(inode.ino)
+            self._delete_inode(inode)
         self.invalidate(inode.ino)
 
     # ------------------------------------------------------------------ lookups
@@ -438,6 +440,7 @@ class Filesystem:
             os.ftruncate(self.staging.fd(inode.ino), size)
         inode.size = size
         inode.dirty = True
+        self.cache.untrack_local(inode.ino)
         inode.mtime_ns = inode.ctime_ns = time.time_ns()
         rt = self._rt(inode.ino)
         rt.write_gen += 1
@@ -454,10 +457,18 @@ class Filesystem:
         if inode.dirty or inode.local_copy:
             if offset >= inode.size:
                 return b""
+            if not inode.dirty:
+                self.cache.touch_local(inode.ino)
             return os.pread(self.staging.fd(inode.ino), min(size, inode.size - offset), offset)
-        return await self._read_chunks(inode, offset, size)
+        if offset == handle.read_end:
+            handle.sequential += 1
+        else:
+            handle.sequential = 0
+        handle.read_end = offset + size
+        window = self.config.readahead_chunks if handle.sequential >= 2 else 1
+        return await self._read_chunks(inode, offset, size, window)
 
-    async def _read_chunks(self, inode: Inode, offset: int, size: int) -> bytes:
+    async def _read_chunks(self, inode: Inode, offset: int, size: int, window: int = 1) -> bytes:
         end = min(offset + size, inode.size)
         if offset >= end:
             return b""
@@ -479,9 +490,8 @@ class Filesystem:
                     for _, sha, length, _ in wanted:
                         nursery.start_soon(self.cache.ensure, sha, length)
             last_index = wanted[-1][3]
-            for sha, length in inode.chunks[last_index + 1:last_index + 1 +
-                                            self.config.readahead_chunks]:
-                if not self.cache.has(sha):
+            for sha, length in inode.chunks[last_index + 1:last_index + 1 + window]:
+                if not self.cache.has(sha) and not self.cache.fetching(sha):
                     self.nursery.start_soon(self._readahead, sha, length)
             parts = []
             for pos, sha, length, _ in wanted:
@@ -517,6 +527,7 @@ class Filesystem:
         rt.write_gen += 1
         if not inode.dirty:
             inode.dirty = True
+            self.cache.untrack_local(inode.ino)
             self.ns.save(inode)
         if offset + written > inode.size:
             inode.size = offset + written
@@ -673,6 +684,7 @@ class Filesystem:
                 raise
             if rt.write_gen == generation:
                 inode.dirty = False
+                self.cache.track_local(ino, size)
             inode.local_copy = True
             self.ns.save(inode)
         self.uploader.stats.publishes += 1
@@ -701,6 +713,7 @@ class Filesystem:
         self._drop_rt(handle.ino)
 
     def _delete_inode(self, inode: Inode) -> None:
+        self.cache.untrack_local(inode.ino)
         self.staging.remove(inode.ino)
         self.ns.delete_inode(inode.ino)
         self.queue.discard(inode.ino)
@@ -834,7 +847,30 @@ class Filesystem:
                 self._mark_parent_changed(self.ns.get(new_parent))
         self._drop_rt(inode.ino)
 
+    def _evict_local_copy(self, ino: int) -> bool:
+        inode = self.ns.maybe_get(ino)
+        if inode is None:
+            return True
+        if inode.dirty or self._is_open(ino) or ino in self.queue.queued:
+            return False
+        self.staging.remove(ino)
+        inode.local_copy = False
+        self.ns.save(inode)
+        return True
+
     # ------------------------------------------------------------------ recovery
+
+    async def start(self) -> None:
+        """Finish an earlier run's work and account its local copies in the cache."""
+        self.cache.evict_local = self._evict_local_copy
+        for inode in self.ns.all_inodes():
+            if inode.type == "file" and inode.local_copy and not inode.dirty:
+                if self.staging.exists(inode.ino):
+                    self.cache.track_local(inode.ino, self.staging.size(inode.ino))
+                else:
+                    inode.local_copy = False
+                    self.ns.save(inode)
+        await self.replay_journal()
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
@@ -855,6 +891,46 @@ class Filesystem:
             else:
                 log.error("unknown journal record %r dropped", record)
                 self.ns.journal_done(seq)
+
+    # ------------------------------------------------------------------ prefetch
+
+    async def resolve(self, relative: bytes) -> Inode:
+        inode = self.ns.get(ROOT_INO)
+        for part in relative.split(b"/"):
+            if part in (b"", b"."):
+                continue
+            inode = await self.lookup(inode.ino, part)
+        return inode
+
+    async def files_under(self, inode: Inode, prefix: bytes = b"") -> list[tuple[bytes, Inode]]:
+        if inode.type == "file":
+            return [(prefix, inode)]
+        if inode.type != "dir":
+            return []
+        out = []
+        for name, child in await self.listdir(inode.ino):
+            out += await self.files_under(child, prefix + b"/" + name if prefix else name)
+        return out
+
+    async def warm(self, inode: Inode, on_bytes: Callable[[int], None]) -> None:
+        """Bring every chunk of a published file into the node cache."""
+        if inode.dirty or inode.local_copy:
+            on_bytes(inode.size)
+            return
+        errors: list[BaseException] = []
+
+        async def one(sha: str, length: int) -> None:
+            try:
+                await self.cache.ensure(sha, length)
+                on_bytes(length)
+            except Exception as exc:  # reported per file by the caller
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for sha, length in inode.chunks:
+                nursery.start_soon(one, sha, length)
+        if errors:
+            raise errors[0]
 
     # ------------------------------------------------------------------ status
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -130,6 +131,31 @@ class ChunkCache:
     def has(self, sha: str) -> bool:
         return sha in self._lru
 
+    def fetching(self, sha: str) -> bool:
+        return sha in self._inflight
+
+    # Local copies (staging files of published files, kept to serve reads on the node
+    # that wrote them) share the LRU and the size limit with fetched chunks.  Their key
+    # is "ino:<n>"; ``evict_local`` decides whether one can go now.
+    evict_local: "Callable[[int], bool] | None" = None
+
+    def track_local(self, ino: int, size: int) -> None:
+        key = f"ino:{ino}"
+        self.total += size - self._lru.get(key, 0)
+        self._lru[key] = size
+        self._lru.move_to_end(key)
+        self._evict()
+
+    def touch_local(self, ino: int) -> None:
+        key = f"ino:{ino}"
+        if key in self._lru:
+            self._lru.move_to_end(key)
+
+    def untrack_local(self, ino: int) -> None:
+        size = self._lru.pop(f"ino:{ino}", None)
+        if size is not None:
+            self.total -= size
+
     def pin(self, sha: str) -> None:
         self._pinned[sha] = self._pinned.get(sha, 0) + 1
 
@@ -215,6 +241,11 @@ class ChunkCache:
             if self.total <= self.limit:
                 break
             if sha in self._pinned or sha in self._inflight:
+                continue
+            if sha.startswith("ino:"):
+                if self.evict_local is None or not self.evict_local(int(sha[4:])):
+                    continue
+                self.total -= self._lru.pop(sha)
                 continue
             size = self._lru.pop(sha)
             self.total -= size

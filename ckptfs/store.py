@@ -402,6 +402,7 @@ class StoreStats:
     errors: int = 0
     retries: int = 0
     chunk_bytes_put: int = 0
+    chunk_bytes_got: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: int) -> None:
@@ -441,13 +442,16 @@ class CountingStore:
 
     def get(self, key: str) -> tuple[bytes, str]:
         body, etag = self.inner.get(key)
-        self.stats.add(gets=1, bytes_got=len(body))
+        self._count_get(key, len(body))
         return body, etag
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         body = self.inner.get_range(key, start, end)
-        self.stats.add(gets=1, bytes_got=len(body))
+        self._count_get(key, len(body))
         return body
+
+    def _count_get(self, key: str, n: int) -> None:
+        self.stats.add(gets=1, bytes_got=n, chunk_bytes_got=n if key.startswith("chunks/") else 0)
 
     def exists(self, key: str) -> bool:
         self.stats.add(heads=1)

@@ -155,7 +155,8 @@ def make_mount(tmp_path):
     def factory(store: StoreSpec, name: str | None = None, **start_kwargs) -> Mount:
         mount = Mount(tmp_path, store, name or f"node{len(mounts)}")
         mounts.append(mount)
-        mount.start(**start_kwargs)
+        extra = start_kwargs.pop("extra", ())
+        mount.start(*extra, **start_kwargs)
         return mount
 
     yield factory
