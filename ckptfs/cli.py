@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--chunk-size", type=parse_size, default=8 << 20)
     m.add_argument("--cache-size", type=parse_size, default=8 << 30)
     m.add_argument("--metadata-ttl", type=float, default=1.0)
+    m.add_argument("--upload-concurrency", type=int, default=8,
+                   help="chunk uploads in flight (default 8)")
+    m.add_argument("--fetch-concurrency", type=int, default=8,
+                   help="chunk downloads in flight (default 8)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -120,7 +124,9 @@ def cmd_mount(args: argparse.Namespace) -> int:
            str(mountpoint), "--store", args.store, "--state-dir", str(state_dir),
            "--durability", args.durability, "--foreground", "--ready-fd", str(write_fd),
            "--chunk-size", str(args.chunk_size), "--cache-size", str(args.cache_size),
-           "--metadata-ttl", str(args.metadata_ttl), "--log-file", str(log_file)]
+           "--metadata-ttl", str(args.metadata_ttl), "--log-file", str(log_file),
+           "--upload-concurrency", str(args.upload_concurrency),
+           "--fetch-concurrency", str(args.fetch_concurrency)]
     if args.endpoint_url:
         cmd += ["--endpoint-url", args.endpoint_url]
     if args.single_writer:
@@ -154,7 +160,9 @@ def run_foreground(args: argparse.Namespace, mountpoint: Path, state_dir: Path) 
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     config = Config(durability=args.durability, chunk_size=args.chunk_size,
-                    cache_size=args.cache_size, metadata_ttl=args.metadata_ttl)
+                    cache_size=args.cache_size, metadata_ttl=args.metadata_ttl,
+                    upload_concurrency=args.upload_concurrency,
+                    fetch_concurrency=args.fetch_concurrency)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan

@@ -163,9 +163,9 @@ def test_prefetch_warms_a_tree_and_reports_failures(local_store, make_mount):
         assert (b.path / name).read_bytes() == data
     assert chunk_bytes_got(b) == fetched
     # A chunk missing from the store: prefetch says so and exits non-zero.
-    (a.path / "ckpt" / "c.bin").write_bytes(os.urandom(MiB))
+    (a.path / "ckpt" / "c.bin").write_bytes(os.urandom(2 * MiB + 5))
     c_chunk = [p for p in (local_store.root / "chunks").glob("*/*")
-               if p.stat().st_size == MiB][0]
+               if p.stat().st_size == 2 * MiB + 5][0]
     c_chunk.unlink()
     c = make_mount(local_store, name="c")
     proc = run_ckptfs("prefetch", str(c.path / "ckpt"))
