@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
+    c = sub.add_parser("commit", help="seal a staged checkpoint directory (make it listed)")
+    c.add_argument("path", type=Path)
+
+    g = sub.add_parser("gc", help="remove staged trees and unreferenced chunks older than "
+                       "the grace period")
+    g.add_argument("mountpoint", type=Path)
+    g.add_argument("--dry-run", action="store_true", help="list, remove nothing")
+    g.add_argument("--grace", type=float, default=None,
+                   help="seconds (default: the mount's gc_grace, 24 h)")
+
     pf = sub.add_parser("prefetch", help="warm a file or a tree into this node's cache")
     pf.add_argument("path", type=Path)
 
@@ -92,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_status(args.mountpoint)
     if args.command == "wait":
         return cmd_wait(args.path)
+    if args.command == "commit":
+        return cmd_commit(args.path)
+    if args.command == "gc":
+        return cmd_gc(args.mountpoint, args.dry_run, args.grace)
     if args.command == "prefetch":
         return cmd_prefetch(args.path)
     if args.command == "bench":
@@ -249,6 +263,47 @@ def mount_of(path: Path) -> Path:
     while not os.path.ismount(mount) and mount != mount.parent:
         mount = mount.parent
     return mount
+
+
+def cmd_commit(path: Path) -> int:
+    path = path.absolute()
+    if not path.is_dir():
+        return fail(f"{path}: not a directory")
+    try:
+        for reply in control_request(mount_of(path), {"cmd": "commit", "path": str(path)}):
+            if reply.get("error"):
+                return fail(reply["error"])
+            if reply.get("done"):
+                print(f"ckptfs: {'sealed' if reply['sealed'] else 'already visible'}: {path}")
+                return 0
+    except ConnectionError as exc:
+        return fail(str(exc))
+    return fail("the daemon closed the connection early")
+
+
+def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
+    request: dict = {"cmd": "gc", "dry_run": dry_run}
+    if grace is not None:
+        request["grace"] = grace
+    print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
+    try:
+        for reply in control_request(mountpoint.absolute(), request):
+            if reply.get("error"):
+                return fail(reply["error"])
+            if reply.get("done"):
+                verb = "would remove" if dry_run else "removed"
+                for tree in reply["staged_trees"]:
+                    print(f"{verb} staged tree {tree}")
+                for name in reply["local_abandoned"]:
+                    print(f"{verb} abandoned staging file {name}")
+                print(f"ckptfs: gc {verb} {len(reply['staged_trees'])} staged tree(s), "
+                      f"{reply['entries_deleted']} entries, {reply['chunks_deleted']} chunk(s) "
+                      f"({reply['chunk_bytes_deleted'] / 2**20:.1f} MiB); kept "
+                      f"{reply['chunks_kept']} chunk(s)")
+                return 0
+    except ConnectionError as exc:
+        return fail(str(exc))
+    return fail("the daemon closed the connection early")
 
 
 def cmd_prefetch(path: Path) -> int:

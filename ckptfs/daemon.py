@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,10 +259,55 @@ class Daemon:
                 if command == "umount":
                     self._shutdown.set()
                 await send({"ok": True, "done": True})
+            elif command == "commit":
+                await self._commit(fs, request.get("path", ""), send)
+            elif command == "gc":
+                await self._gc(fs, bool(request.get("dry_run")),
+                               float(request.get("grace", self.config.gc_grace)), send)
             elif command == "prefetch":
                 await self._prefetch(fs, request.get("path", ""), send)
             else:
                 await send({"error": f"unknown command {command!r}"})
+
+    def _relative(self, path: str) -> bytes | None:
+        relative = os.path.relpath(path, self.opts.mountpoint)
+        return None if relative.startswith("..") else os.fsencode(relative)
+
+    async def _commit(self, fs: Filesystem, path: str, send) -> None:
+        relative = self._relative(path)
+        if relative is None:
+            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
+            return
+        try:
+            inode = await fs.resolve(relative)
+            sealed = await fs.seal(inode.ino)
+        except FsError as exc:
+            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
+            return
+        await send({"done": True, "ok": True, "sealed": sealed})
+
+    async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:
+        from .gc import collect
+
+        messages: list[str] = []
+        report = await trio.to_thread.run_sync(
+            lambda: collect(fs.store, self.config.chunk_size, grace, dry_run,
+                            progress=messages.append))
+        # Local leftovers: staged bytes of killed writers, past the grace period.
+        abandoned = []
+        cutoff = time.time() - grace
+        for path in sorted((self.opts.state_dir / "abandoned").iterdir()):
+            if path.stat().st_mtime < cutoff:
+                abandoned.append(path.name)
+                if not dry_run:
+                    path.unlink()
+        await send({"done": True, "ok": True, "dry_run": dry_run,
+                    "staged_trees": report.staged_trees,
+                    "entries_deleted": report.entries_deleted,
+                    "chunks_deleted": report.chunks_deleted,
+                    "chunk_bytes_deleted": report.chunk_bytes_deleted,
+                    "chunks_kept": report.chunks_kept,
+                    "local_abandoned": abandoned})
 
     async def _prefetch(self, fs: Filesystem, path: str, send) -> None:
         relative = os.path.relpath(path, self.opts.mountpoint)

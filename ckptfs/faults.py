@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class FaultRule:
     op: str = "*"                  # put, put_if_absent, get, get_range, exists, list, delete
     prefix: str = ""               # only keys starting with this
-    kind: str = "transient"        # transient | permanent | corrupt | no_conditional
+    kind: str = "transient"        # transient | permanent | corrupt | no_conditional | delay
     times: int = -1                # how many times to fire; -1 = always
     delay: float = 0.0             # seconds to sleep before the call
 

@@ -23,6 +23,7 @@ import trio
 from .errors import FsError
 from .namespace import ROOT_INO, Inode, Namespace
 from .procstat import Opener, died_unclean
+from .profiles import Profiles
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
 from .remote import BadEntry, Entry, check_name, decode_name, dir_prefix, entry_key
 from .staging import ChunkCache, Staging
@@ -43,6 +44,8 @@ class Config:
     upload_concurrency: int = 4
     fetch_concurrency: int = 8
     readahead_chunks: int = 8          # window for a sequential reader
+    profiles: Profiles = field(default_factory=Profiles)
+    gc_grace: float = 24 * 3600.0
 
 
 @dataclass
@@ -126,7 +129,8 @@ class Filesystem:
                      mtime_ns=inode.mtime_ns,
                      size=inode.published_size if inode.type == "file" else 0,
                      chunks=list(inode.chunks),
-                     id=inode.dir_id, target=inode.target)
+                     id=inode.dir_id, target=inode.target,
+                     staged=inode.staged and inode.type == "dir")
 
     async def _store(self, fn, *args):
         async with self.meta_limiter:
@@ -227,6 +231,9 @@ class Filesystem:
             inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
             inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
             inode.target, inode.remote_etag = entry.target, etag
+            inode.staged = entry.staged and entry.type == "dir"
+            if inode.type == "symlink" and entry.target is not None:
+                inode.size = len(entry.target)
             if content_changed and inode.local_copy:
                 inode.local_copy = False
                 self.cache.untrack_local(ino)
@@ -251,7 +258,8 @@ class Filesystem:
         return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
                                  size=size, chunks=entry.chunks, published=True,
                                  remote_etag=etag, dir_id=entry.id, target=entry.target,
-                                 mtime_ns=entry.mtime_ns)
+                                 mtime_ns=entry.mtime_ns,
+                                 staged=entry.staged and entry.type == "dir")
 
     def _forget_subtree(self, inode: Inode) -> None:
         """Drop a name that vanished from the store (another node removed it)."""
@@ -280,8 +288,15 @@ class Filesystem:
         return self.ns.get(ino)
 
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
+        """Entries of a directory, without staged (unsealed) checkpoint directories:
+        those are found only by their exact name (DESIGN.md promise 4)."""
         await self.refresh_dir(ino)
-        return [(name, self.ns.get(child)) for name, child in self.ns.children(ino)]
+        out = []
+        for name, child in self.ns.children(ino):
+            inode = self.ns.get(child)
+            if not inode.staged:
+                out.append((name, inode))
+        return out
 
     def readlink(self, ino: int) -> bytes:
         inode = self.ns.get(ino)
@@ -302,7 +317,7 @@ class Filesystem:
         parent_inode = self._dir(parent)
         dir_id = uuid.uuid4().hex
         entry = Entry(type="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=time.time_ns(),
-                      id=dir_id)
+                      id=dir_id, staged=self.config.profiles.staged_on_create(name))
         key = entry_key(parent_inode.dir_id, name)
         created = await self._store(self.store.put_if_absent, key, entry.to_json())
         etag = ""
@@ -325,7 +340,7 @@ class Filesystem:
         self._touch_dir(parent)
         inode = self.ns.new_inode(parent, name, "dir", entry.mode, entry.uid, entry.gid,
                                   dir_id=entry.id, published=True, remote_etag=etag or None,
-                                  mtime_ns=entry.mtime_ns)
+                                  mtime_ns=entry.mtime_ns, staged=entry.staged)
         self._mark_parent_changed(parent_inode)
         if not created:
             raise FsError(errno.EEXIST)
@@ -577,8 +592,10 @@ class Filesystem:
         self.ns.save(inode)
         if self.config.durability == "async":
             self._journal_publish(inode)
+            self._seals_after_close(inode, wait=False)
             return
         await self.publish_now(inode.ino)
+        await self._seals_after_close(inode, wait=True)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handle(fh)
@@ -814,12 +831,18 @@ class Filesystem:
                 await self.refresh_dir(target.ino, force=True)
                 if self.ns.has_children(target.ino):
                     raise FsError(errno.ENOTEMPTY)
+        if inode.type == "dir":
+            # The renamed tree must appear complete: let its pending uploads land first.
+            while self._pending_under(inode.ino):
+                await trio.sleep(0.05)
         rt = self._rt(inode.ino)
         async with rt.lock:
             inode = self.ns.get(inode.ino)
             old_dir = self.ns.get(inode.parent)
             old_key = entry_key(old_dir.dir_id, inode.name)
             new_key = entry_key(new_dir.dir_id, new_name)
+            was_staged = inode.staged
+            inode.staged = False  # a rename seals a staged directory
             if inode.published:
                 # Journal both halves first: a crash in between is finished on restart,
                 # so a reader may briefly see both names, never neither.
@@ -827,7 +850,12 @@ class Filesystem:
                 seq = self.ns.journal_add({"op": "rename", "put": new_key,
                                            "body": body.decode(), "delete": old_key})
                 self.ns.sync()
-                etag = await self._store(self.store.put, new_key, body)
+                try:
+                    etag = await self._store(self.store.put, new_key, body)
+                except BaseException:
+                    inode.staged = was_staged
+                    self.ns.journal_done(seq)
+                    raise
                 await self._store(self.store.delete, old_key)
                 self.ns.journal_done(seq)
                 inode.remote_etag = etag
@@ -891,6 +919,86 @@ class Filesystem:
             else:
                 log.error("unknown journal record %r dropped", record)
                 self.ns.journal_done(seq)
+
+    # ------------------------------------------------------------------ sealing
+
+    def _seals_after_close(self, inode: Inode, wait: bool):
+        """Seal what a closed completion mark or pointer file completes.  With ``wait``
+        returns an awaitable that seals now; otherwise seals in the background once the
+        pending publishes below the directory are done (async durability)."""
+        targets = self._seal_targets(inode)
+        if wait:
+            async def seal_all() -> None:
+                for ino in targets:
+                    await self.seal(ino)
+            return seal_all()
+        for ino in targets:
+            self.nursery.start_soon(self._seal_in_background, ino)
+        return None
+
+    def _seal_targets(self, inode: Inode) -> list[int]:
+        if inode.type != "file" or not inode.parent:
+            return []
+        profiles = self.config.profiles
+        parent = self.ns.get(inode.parent)
+        targets = []
+        if parent.staged and profiles.is_mark_for(parent.name, inode.name):
+            targets.append(parent.ino)
+        if profiles.is_pointer(inode.name) and inode.size <= 4096:
+            try:
+                content = os.pread(self.staging.fd(inode.ino), 4096, 0)
+            except (OSError, FsError):
+                content = b""
+            for name in profiles.pointed_names(inode.name, content):
+                ino = self.ns.lookup(parent.ino, name)
+                if ino is not None and self.ns.get(ino).staged:
+                    targets.append(ino)
+        return targets
+
+    def _pending_under(self, dir_ino: int) -> bool:
+        for ino in self.queue.queued:
+            cur = self.ns.maybe_get(ino)
+            while cur is not None and cur.parent and cur.ino != ROOT_INO:
+                if cur.parent == dir_ino:
+                    return True
+                cur = self.ns.maybe_get(cur.parent)
+        return False
+
+    async def _seal_in_background(self, ino: int) -> None:
+        for attempt in range(10):
+            try:
+                await self.seal(ino)
+                return
+            except FsError as exc:
+                log.warning("sealing inode %d failed (%s); retrying", ino, exc)
+                await trio.sleep(min(30, 2 ** attempt))
+        log.error("gave up sealing inode %d; `ckptfs commit` seals it by hand", ino)
+
+    async def seal(self, ino: int) -> bool:
+        """Make a staged directory visible: after everything closed below it is in the
+        store, rewrite its entry with ``staged: false`` (one PUT).  Idempotent."""
+        inode = self.ns.get(ino)
+        if inode.type != "dir":
+            raise FsError(errno.ENOTDIR)
+        while self._pending_under(ino):
+            await trio.sleep(0.05)
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            if not inode.staged or not inode.parent:
+                return False
+            inode.staged = False
+            try:
+                await self._put_entry(inode)
+            except BaseException:
+                inode.staged = True
+                self.ns.save(inode)
+                raise
+        self._drop_rt(ino)
+        self._touch_dir(inode.parent)
+        log.info("sealed %s", self._path_for_log(inode))
+        self.invalidate(inode.parent)
+        return True
 
     # ------------------------------------------------------------------ prefetch
 

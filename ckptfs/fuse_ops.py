@@ -56,7 +56,7 @@ class FuseOps(pyfuse3.Operations):
         self.fs = fs
         self.control_path = control_path
         self.ttl = ttl
-        self._dirs: dict[int, list[tuple[bytes, Inode]]] = {}
+        self._dirs: dict[int, tuple[int, list[tuple[bytes, Inode]]]] = {}
         self._next_dir_fh = 1
 
     def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
@@ -173,16 +173,8 @@ class FuseOps(pyfuse3.Operations):
     # -------------------------------------------------------------- directories
 
     @_errors
-    async def opendir(self, inode, ctx):
-        entries = await self.fs.listdir(inode)
-        fh = self._next_dir_fh
-        self._next_dir_fh += 1
-        self._dirs[fh] = entries
-        return fh
-
-    @_errors
     async def readdir(self, fh, start_id, token):
-        entries = self._dirs.get(fh, [])
+        entries = self._dirs.get(fh, (0, []))[1]
         for index in range(start_id, len(entries)):
             name, inode = entries[index]
             if not pyfuse3.readdir_reply(token, name, self._attrs(inode), index + 1):
@@ -193,8 +185,19 @@ class FuseOps(pyfuse3.Operations):
         self._dirs.pop(fh, None)
 
     @_errors
+    async def opendir(self, inode, ctx):
+        entries = await self.fs.listdir(inode)
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        self._dirs[fh] = (inode, entries)
+        return fh
+
+    @_errors
     async def fsyncdir(self, fh, datasync):
-        return None
+        # fsync on a directory seals it if it is a staged checkpoint (promise 4).
+        entry = self._dirs.get(fh)
+        if entry is not None:
+            await self.fs.seal(entry[0])
 
     @_errors
     async def statfs(self, ctx):

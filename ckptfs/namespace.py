@@ -60,6 +60,7 @@ class Inode:
     dir_id: str | None = None       # directories: the id their entries live under
     target: bytes | None = None     # symlinks
     listed_at: float = 0.0          # directories: wall time of the last remote listing
+    staged: bool = False            # directories: a checkpoint not yet sealed (unlisted)
 
     @property
     def st_mode(self) -> int:
@@ -82,6 +83,7 @@ class Inode:
         doc["name"] = _s2b(doc["name"])
         doc["target"] = _s2b(doc["target"])
         doc["chunks"] = [tuple(c) for c in doc["chunks"]]
+        doc.setdefault("staged", False)
         return cls(**doc)
 
 

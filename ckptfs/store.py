@@ -42,6 +42,7 @@ class ListedObject:
     key: str
     size: int
     etag: str
+    mtime: float = 0.0     # last modified, seconds since the epoch
 
 
 class ObjectStore(Protocol):
@@ -158,7 +159,8 @@ class LocalStore:
                         st = full.stat()
                     except FileNotFoundError:
                         continue
-                    results.append(ListedObject(key, st.st_size, _etag_of_stat(st)))
+                    results.append(ListedObject(key, st.st_size, _etag_of_stat(st),
+                                                st.st_mtime))
         results.sort(key=lambda o: o.key)
         yield from results
 
@@ -309,8 +311,10 @@ class S3Store:
             except Exception as exc:  # noqa: BLE001
                 raise self._translate(exc, prefix) from None
             for obj in r.get("Contents", []):
+                modified = obj.get("LastModified")
                 yield ListedObject(obj["Key"][len(self.prefix):], obj["Size"],
-                                   obj.get("ETag", ""))
+                                   obj.get("ETag", ""),
+                                   modified.timestamp() if modified else 0.0)
             if not r.get("IsTruncated"):
                 return
             token = r.get("NextContinuationToken")
