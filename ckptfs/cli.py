@@ -15,19 +15,6 @@ import time
 from pathlib import Path
 
 DEFAULT_STATE_ROOT = Path("/var/lib/ckptfs")
-SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = t[-1:] if t[-1:] in SIZE_UNITS and t[-1:] else ""
-    number = t[:-1] if unit else t
-    try:
-        return int(float(number) * SIZE_UNITS[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
-
-
 def default_state_dir(mountpoint: Path) -> Path:
     name = str(mountpoint.resolve()).strip("/").replace("/", "-") or "root"
     return DEFAULT_STATE_ROOT / name
@@ -41,21 +28,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mount", help="mount a store")
     m.add_argument("mountpoint", type=Path)
-    m.add_argument("--store", required=True, help="file:///path or s3://bucket/prefix")
-    m.add_argument("--state-dir", type=Path, help="node-local state (default "
+    m.add_argument("--store", help="file:///path or s3://bucket/prefix")
+    m.add_argument("--config", type=Path, help="TOML settings file (default "
+                   "/etc/ckptfs/ckptfs.toml if it exists)")
+    m.add_argument("--state-dir", help="node-local state (default "
                    "/var/lib/ckptfs/<mountpoint>)")
-    m.add_argument("--durability", choices=("sync", "async"), default="sync")
+    m.add_argument("--durability", choices=("sync", "async"))
     m.add_argument("--endpoint-url", help="S3 endpoint (default: AWS variables/config)")
     m.add_argument("--foreground", action="store_true", help="stay in the foreground")
-    m.add_argument("--single-writer", action="store_true",
+    m.add_argument("--single-writer", action="store_const", const=True,
                    help="accept a store without conditional writes")
-    m.add_argument("--chunk-size", type=parse_size, default=8 << 20)
-    m.add_argument("--cache-size", type=parse_size, default=8 << 30)
-    m.add_argument("--metadata-ttl", type=float, default=1.0)
-    m.add_argument("--upload-concurrency", type=int, default=8,
-                   help="chunk uploads in flight (default 8)")
-    m.add_argument("--fetch-concurrency", type=int, default=8,
-                   help="chunk downloads in flight (default 8)")
+    m.add_argument("--chunk-size", help="chunk size (default 8M)")
+    m.add_argument("--cache-size", help="node cache limit (default 8G)")
+    m.add_argument("--metadata-ttl", help="seconds a remote listing is trusted (default 1)")
+    m.add_argument("--upload-concurrency", help="chunk uploads in flight (default 8)")
+    m.add_argument("--fetch-concurrency", help="chunk downloads in flight (default 8)")
+    m.add_argument("--gc-grace", help="seconds before gc may remove staged trees (default "
+                   "86400)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -117,34 +106,50 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- mount
 
 
+MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
+                  "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
+                  "fetch_concurrency", "gc_grace")
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
+    from .config import ConfigError, load
     from .daemon import MountError, check_mountpoint
     from .store import BadStoreURL, open_store
 
     mountpoint = args.mountpoint.absolute()
-    state_dir = (args.state_dir or default_state_dir(mountpoint)).absolute()
+    flags = {key: getattr(args, key) for key in MOUNT_SETTINGS}
+    try:
+        settings = load(args.config, dict(os.environ), flags)
+    except ConfigError as exc:
+        return fail(str(exc))
+    if not settings.store:
+        return fail("no store: give --store URL (or store = ... in the config file)")
+    state_dir = Path(settings.state_dir or default_state_dir(mountpoint)).absolute()
     # Cheap checks first, so mistakes fail without a daemon.
     try:
-        open_store(args.store, args.endpoint_url)
+        open_store(settings.store, settings.endpoint_url)
         check_mountpoint(mountpoint)
     except (BadStoreURL, MountError) as exc:
         return fail(str(exc))
     if args.foreground:
-        return run_foreground(args, mountpoint, state_dir)
+        return run_foreground(args, settings, mountpoint, state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_file = args.log_file or state_dir / "ckptfs.log"
     read_fd, write_fd = os.pipe()
+    # The daemon re-reads the same file, variables and flags, so it resolves the same
+    # settings; only the state dir is made explicit.
     cmd = [sys.executable, "-m", "ckptfs", *(["-v"] if args.verbose else []), "mount",
-           str(mountpoint), "--store", args.store, "--state-dir", str(state_dir),
-           "--durability", args.durability, "--foreground", "--ready-fd", str(write_fd),
-           "--chunk-size", str(args.chunk_size), "--cache-size", str(args.cache_size),
-           "--metadata-ttl", str(args.metadata_ttl), "--log-file", str(log_file),
-           "--upload-concurrency", str(args.upload_concurrency),
-           "--fetch-concurrency", str(args.fetch_concurrency)]
-    if args.endpoint_url:
-        cmd += ["--endpoint-url", args.endpoint_url]
-    if args.single_writer:
-        cmd.append("--single-writer")
+           str(mountpoint), "--foreground", "--ready-fd", str(write_fd),
+           "--log-file", str(log_file)]
+    if args.config:
+        cmd += ["--config", str(args.config)]
+    for key, value in flags.items():
+        if key == "state_dir":
+            value = str(state_dir)
+        if value is True:
+            cmd.append("--" + key.replace("_", "-"))
+        elif value is not None:
+            cmd += ["--" + key.replace("_", "-"), str(value)]
     with open(log_file, "ab") as log_out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
                                 pass_fds=(write_fd,), start_new_session=True)
@@ -152,7 +157,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     with os.fdopen(read_fd, "rb") as pipe:
         message = pipe.read().decode(errors="replace").strip()
     if message.startswith("OK"):
-        print(f"ckptfs: mounted {args.store} on {mountpoint} (pid {proc.pid}, log {log_file})")
+        print(f"ckptfs: mounted {settings.store} on {mountpoint} (pid {proc.pid}, "
+              f"log {log_file})")
         return 0
     proc.wait()
     if message.startswith("ERR "):
@@ -160,7 +166,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return fail(f"daemon exited with status {proc.returncode} before mounting; see {log_file}")
 
 
-def run_foreground(args: argparse.Namespace, mountpoint: Path, state_dir: Path) -> int:
+def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_dir: Path) -> int:
     import trio
 
     from .daemon import Daemon, MountError, MountOptions
@@ -173,18 +179,19 @@ def run_foreground(args: argparse.Namespace, mountpoint: Path, state_dir: Path) 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = Config(durability=args.durability, chunk_size=args.chunk_size,
-                    cache_size=args.cache_size, metadata_ttl=args.metadata_ttl,
-                    upload_concurrency=args.upload_concurrency,
-                    fetch_concurrency=args.fetch_concurrency)
+    config = Config(durability=settings.durability, chunk_size=settings.chunk_size,
+                    cache_size=settings.cache_size, metadata_ttl=settings.metadata_ttl,
+                    upload_concurrency=settings.upload_concurrency,
+                    fetch_concurrency=settings.fetch_concurrency,
+                    gc_grace=settings.gc_grace, profiles=settings.profiles)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
-    opts = MountOptions(mountpoint=mountpoint, store_url=args.store, state_dir=state_dir,
-                        endpoint_url=args.endpoint_url, single_writer=args.single_writer,
-                        config=config)
+    opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
+                        endpoint_url=settings.endpoint_url,
+                        single_writer=settings.single_writer, config=config)
     ready_fd = args.ready_fd
 
     def on_ready() -> None:

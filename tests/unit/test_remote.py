@@ -1,0 +1,57 @@
+"""The remote format: names round-trip, hostile entries are refused."""
+
+import json
+
+import pytest
+
+from ckptfs.remote import BadEntry, Entry, decode_name, encode_name
+
+SHA = "a" * 64
+
+
+@pytest.mark.parametrize("name", [b"plain", b"with space", b"100%", "ünï".encode(), b"\xff\xfe",
+                                  b"a\tb\nc", b"x" * 255, b"%41"])
+def test_names_round_trip(name):
+    encoded = encode_name(name)
+    assert "/" not in encoded
+    assert decode_name(encoded) == name
+
+
+def test_ascii_names_keep_their_length():
+    assert len(encode_name(b"y" * 255)) == 255
+
+
+@pytest.mark.parametrize("component", ["..", ".", "", "a%2Fb", "%00", "%zz", "%2E%2E"])
+def test_hostile_names_refused(component):
+    with pytest.raises(BadEntry):
+        decode_name(component)
+
+
+def entry(**over):
+    doc = {"v": 1, "type": "file", "mode": 0o644, "uid": 0, "gid": 0, "mtime_ns": 1,
+           "size": 10, "chunks": [[SHA, 10]]}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+def test_valid_entry_parses():
+    e = Entry.from_json(entry(), max_chunk=8 << 20)
+    assert (e.type, e.size, e.chunks) == ("file", 10, [(SHA, 10)])
+    again = Entry.from_json(e.to_json(), max_chunk=8 << 20)
+    assert again == e
+
+
+@pytest.mark.parametrize("body", [
+    b"not json", b"[]", entry(type="socket"), entry(size=11), entry(chunks=[["zz", 10]]),
+    entry(chunks=[[SHA, -1]]), entry(mode=-1), entry(uid="root"), entry(chunks="x"),
+    entry(type="dir", id="../etc"), entry(type="dir", id="root"),
+    entry(type="symlink", target=""), entry(chunks=[[SHA, 9 << 20]], size=9 << 20),
+])
+def test_bad_entries_refused(body):
+    with pytest.raises(BadEntry):
+        Entry.from_json(body, max_chunk=8 << 20)
+
+
+def test_mode_keeps_permission_bits_only():
+    e = Entry.from_json(entry(mode=0o170777), max_chunk=8 << 20)
+    assert e.mode == 0o7777 & 0o170777
