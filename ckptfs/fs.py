@@ -874,6 +874,12 @@ class Filesystem:
             if new_parent != old_dir.ino:
                 self._mark_parent_changed(self.ns.get(new_parent))
         self._drop_rt(inode.ino)
+        # A completion mark written as a temp file and renamed into place (DCP's
+        # .metadata) seals like a mark closed in place.
+        if inode.type == "file" and not inode.dirty:
+            await self._seals_after_close(inode, wait=True)
+        elif inode.type == "file" and not self._writers(inode.ino):
+            self._seals_after_close(inode, wait=False)
 
     def _evict_local_copy(self, ino: int) -> bool:
         inode = self.ns.maybe_get(ino)

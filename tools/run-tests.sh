@@ -3,5 +3,5 @@
 # S3 server on loopback started by the fixtures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+tools/setup.sh frameworks
 exec .venv/bin/python -m pytest "$@"

@@ -228,3 +228,17 @@ def test_daemon_killed_between_rename_steps_finishes_on_restart(local_store, mak
     fresh = make_mount(local_store, name="fresh")
     assert os.listdir(fresh.path) == ["ckpt"]
     assert (fresh.path / "ckpt" / "w").read_bytes() == b"weights"
+
+
+def test_mark_renamed_into_place_seals(store, make_mount):
+    """DCP writes .metadata.tmp and renames it to .metadata."""
+    mnt = make_mount(store)
+    ckpt = mnt.path / "checkpoint_3"
+    ckpt.mkdir()
+    (ckpt / "__0_0.distcp").write_bytes(b"shard")
+    (ckpt / ".metadata.tmp").write_bytes(b"meta")
+    assert os.listdir(mnt.path) == []
+    os.rename(ckpt / ".metadata.tmp", ckpt / ".metadata")
+    assert os.listdir(mnt.path) == ["checkpoint_3"]
+    fresh = make_mount(store, name="fresh")
+    assert sorted(os.listdir(fresh.path / "checkpoint_3")) == [".metadata", "__0_0.distcp"]
