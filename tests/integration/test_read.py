@@ -56,20 +56,20 @@ def test_two_live_mounts_see_each_other_within_ttl(store, make_mount):
     a = make_mount(store, name="a")
     b = make_mount(store, name="b")
     assert os.listdir(b.path) == []
-    (a.path / "checkpoint-1").mkdir()
-    (a.path / "checkpoint-1" / "model.bin").write_bytes(b"v1")
-    assert eventually(lambda: os.path.exists(b.path / "checkpoint-1" / "model.bin"))
-    assert (b.path / "checkpoint-1" / "model.bin").read_bytes() == b"v1"
+    (a.path / "step-1").mkdir()
+    (a.path / "step-1" / "model.bin").write_bytes(b"v1")
+    assert eventually(lambda: os.path.exists(b.path / "step-1" / "model.bin"))
+    assert (b.path / "step-1" / "model.bin").read_bytes() == b"v1"
     # Overwrite on A: B sees the new version (its kernel cache is invalidated).
-    (a.path / "checkpoint-1" / "model.bin").write_bytes(b"version-2")
-    assert eventually(lambda: (b.path / "checkpoint-1" / "model.bin").read_bytes()
+    (a.path / "step-1" / "model.bin").write_bytes(b"version-2")
+    assert eventually(lambda: (b.path / "step-1" / "model.bin").read_bytes()
                       == b"version-2")
     # Rotation on A (rmtree of an old checkpoint) disappears on B; negative lookups expire.
-    (a.path / "checkpoint-2").mkdir()
+    (a.path / "step-2").mkdir()
     import shutil
-    shutil.rmtree(a.path / "checkpoint-1")
-    assert eventually(lambda: sorted(os.listdir(b.path)) == ["checkpoint-2"])
-    assert not (b.path / "checkpoint-1").exists()
+    shutil.rmtree(a.path / "step-1")
+    assert eventually(lambda: sorted(os.listdir(b.path)) == ["step-2"])
+    assert not (b.path / "step-1").exists()
 
 
 READER = r"""
