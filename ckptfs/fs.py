@@ -46,6 +46,7 @@ class Config:
     readahead_chunks: int = 8          # window for a sequential reader
     profiles: Profiles = field(default_factory=Profiles)
     gc_grace: float = 24 * 3600.0
+    readahead_kb: int = 1024           # kernel read-ahead of the mount's device
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Filesystem:
         self.runtime: dict[int, Runtime] = {}
         self._next_fh = 1
         self.write_requests = 0
+        self.read_requests = 0
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
         self.meta_limiter = trio.CapacityLimiter(16)
@@ -475,11 +477,15 @@ class Filesystem:
             if not inode.dirty:
                 self.cache.touch_local(inode.ino)
             return os.pread(self.staging.fd(inode.ino), min(size, inode.size - offset), offset)
-        if offset == handle.read_end:
+        self.read_requests += 1
+        # Concurrent kernel read-ahead requests arrive slightly out of order: "close to
+        # where the last read ended" counts as sequential.
+        if abs(offset - handle.read_end) <= 4 * self.config.chunk_size // 2:
             handle.sequential += 1
         else:
             handle.sequential = 0
-        handle.read_end = offset + size
+        handle.read_end = max(handle.read_end, offset + size) if handle.sequential else \
+            offset + size
         window = self.config.readahead_chunks if handle.sequential >= 2 else 1
         return await self._read_chunks(inode, offset, size, window)
 
@@ -1074,7 +1080,8 @@ class Filesystem:
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
                 "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
-                "open_handles": len(self.handles), "write_requests": self.write_requests}
+                "open_handles": len(self.handles), "write_requests": self.write_requests,
+                "read_requests": self.read_requests}
 
 
 def check_name_or_raise(name: bytes) -> None:

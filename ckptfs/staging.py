@@ -210,7 +210,9 @@ class ChunkCache:
         raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
 
     def _fetch_sync(self, sha: str, length: int, path: Path) -> bool:
+        started = time.monotonic()
         body, _ = self.store.get(chunk_key(sha))
+        got = time.monotonic()
         if len(body) != length or hashlib.sha256(body).hexdigest() != sha:
             return False
         path.parent.mkdir(exist_ok=True)
@@ -218,6 +220,8 @@ class ChunkCache:
         with open(tmp, "wb") as f:
             f.write(body)
         os.replace(tmp, path)
+        log.debug("fetched chunk %s: GET %.3fs, verify+store %.3fs, %d in flight", sha[:12],
+                  got - started, time.monotonic() - got, len(self._inflight))
         return True
 
     def insert_local(self, sha: str, data: bytes) -> None:
