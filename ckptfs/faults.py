@@ -88,9 +88,9 @@ class FaultInjectingStore:
         self._before("check", "")
         self.inner.check()
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
         self._before("put", key)
-        return self.inner.put(key, data)
+        return self.inner.put(key, data, sha256)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         rule = self._before("put_if_absent", key)

@@ -76,7 +76,7 @@ class ChunkUploader:
         key = chunk_key(sha)
         if self.store.exists(key):
             return sha, False
-        self.store.put(key, data)
+        self.store.put(key, data, sha256=sha)
         return sha, True
 
 

@@ -10,6 +10,7 @@ moves opaque bytes under opaque keys.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import random
@@ -53,8 +54,9 @@ class ObjectStore(Protocol):
     def check(self) -> None:
         """Raise StoreError with a one-line reason if the store cannot be used."""
 
-    def put(self, key: str, data: bytes) -> str:
-        """Store ``data`` under ``key`` atomically; return the new ETag."""
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+        """Store ``data`` under ``key`` atomically; return the new ETag.  ``sha256``, if
+        given, is the hex digest of ``data`` (lets S3 verify it, and saves re-hashing)."""
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Store ``data`` only if ``key`` does not exist; False if it did."""
@@ -105,7 +107,7 @@ class LocalStore:
             os.fsync(f.fileno())
         return tmp
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
         path = self._path(key)
         tmp = self._write_temp(path, data)
         os.replace(tmp, path)
@@ -186,6 +188,26 @@ def _local_etag_fd(fd: int) -> str:
 # --------------------------------------------------------------------------- S3
 
 
+def _prehashed_signer() -> str:
+    """Name of a SigV4 signer that reuses a body's sha256 when the request already
+    carries it (``x-amz-checksum-sha256``): every chunk is content-addressed by that
+    digest, and over plain HTTP botocore would otherwise hash each 8 MiB body again.
+    Registered once in botocore's table of signers, under our own name."""
+    from botocore.auth import AUTH_TYPE_MAPS, S3SigV4Auth
+
+    name = "s3v4-ckptfs-prehashed"
+    if name not in AUTH_TYPE_MAPS:
+        class PrehashedS3SigV4Auth(S3SigV4Auth):
+            def payload(self, request):
+                digest = request.headers.get("x-amz-checksum-sha256")
+                if digest and not self._is_streaming_checksum_payload(request):
+                    return base64.b64decode(digest).hex()
+                return super().payload(request)
+
+        AUTH_TYPE_MAPS[name] = PrehashedS3SigV4Auth
+    return name
+
+
 class S3Store:
     """An S3 bucket (and optional key prefix) through boto3."""
 
@@ -204,7 +226,7 @@ class S3Store:
             "s3", endpoint_url=endpoint_url,
             config=Config(retries={"max_attempts": 1, "mode": "standard"},
                           max_pool_connections=max_pool, connect_timeout=5,
-                          read_timeout=timeout, signature_version="s3v4",
+                          read_timeout=timeout, signature_version=_prehashed_signer(),
                           s3={"addressing_style": "path"},
                           # Chunks are verified end to end against their sha256; an extra
                           # CRC32 over every body in Python costs CPU the FUSE loop needs.
@@ -253,9 +275,12 @@ class S3Store:
                 raise StoreError(f"store unreachable: {err}") from None
             raise err from None
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+        extra = {}
+        if sha256 is not None:
+            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
         try:
-            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)
+            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **extra)
             return r.get("ETag", "")
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, key) from None
@@ -374,8 +399,8 @@ class RetryingStore:
     def check(self) -> None:
         self.inner.check()
 
-    def put(self, key: str, data: bytes) -> str:
-        return self._call("put", self.inner.put, key, data)
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+        return self._call("put", self.inner.put, key, data, sha256)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self._call("put_if_absent", self.inner.put_if_absent, key, data)
@@ -434,8 +459,8 @@ class CountingStore:
     def check(self) -> None:
         self.inner.check()
 
-    def put(self, key: str, data: bytes) -> str:
-        etag = self.inner.put(key, data)
+    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+        etag = self.inner.put(key, data, sha256)
         self._count_put(key, len(data))
         return etag
 
