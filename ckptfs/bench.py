@@ -203,6 +203,7 @@ class Bench:
                 str(self.work / f"state-{name}"), "--durability", durability]
         if self.endpoint:
             args += ["--endpoint-url", self.endpoint]
+        args += self.args.mount_arg or []
         ckptfs_cli(*args, env=self.env)
         return mnt
 
@@ -358,6 +359,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", help="scratch directory (default: a new temp dir)")
     p.add_argument("--quick", action="store_true", help="skip re-save and 8-reader runs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--mount-arg", action="append", metavar="ARG",
+                   help="extra argument for `ckptfs mount` (repeatable), e.g. "
+                   "--mount-arg=--writeback-cache")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fetch-concurrency", help="chunk downloads in flight (default 8)")
     m.add_argument("--gc-grace", help="seconds before gc may remove staged trees (default "
                    "86400)")
+    m.add_argument("--writeback-cache", action="store_const", const=True,
+                   help="let the kernel buffer writes (experimental)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
-                  "fetch_concurrency", "gc_grace")
+                  "fetch_concurrency", "gc_grace", "writeback_cache")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -183,7 +185,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     cache_size=settings.cache_size, metadata_ttl=settings.metadata_ttl,
                     upload_concurrency=settings.upload_concurrency,
                     fetch_concurrency=settings.fetch_concurrency,
-                    gc_grace=settings.gc_grace, profiles=settings.profiles)
+                    gc_grace=settings.gc_grace, profiles=settings.profiles,
+                    writeback_cache=settings.writeback_cache)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan

@@ -83,6 +83,7 @@ _KEYS = {
     "upload_concurrency": parse_positive_int,
     "fetch_concurrency": parse_positive_int,
     "gc_grace": parse_seconds,
+    "writeback_cache": parse_bool,
 }
 
 
@@ -99,6 +100,7 @@ class Settings:
     upload_concurrency: int = 8
     fetch_concurrency: int = 8
     gc_grace: float = 24 * 3600.0
+    writeback_cache: bool = False
     profiles: Profiles = field(default_factory=Profiles)
 
 

@@ -180,7 +180,8 @@ class Daemon:
                 fs = self.fs = Filesystem(ns, store, staging, cache, self.config, nursery,
                                           invalidate=lambda ino: nursery.start_soon(
                                               self._invalidate, ino))
-                ops = FuseOps(fs, control_path, self.config.metadata_ttl)
+                ops = FuseOps(fs, control_path, self.config.metadata_ttl,
+                              writeback_cache=self.config.writeback_cache)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if opts.allow_other:

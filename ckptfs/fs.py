@@ -47,6 +47,7 @@ class Config:
     profiles: Profiles = field(default_factory=Profiles)
     gc_grace: float = 24 * 3600.0
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
+    writeback_cache: bool = False      # kernel write-back caching (experimental)
 
 
 @dataclass

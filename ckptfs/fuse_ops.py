@@ -49,10 +49,12 @@ def _errors(fn):
 
 class FuseOps(pyfuse3.Operations):
     supports_dot_lookup = True
-    enable_writeback_cache = False
 
-    def __init__(self, fs: Filesystem, control_path: str, ttl: float) -> None:
+    def __init__(self, fs: Filesystem, control_path: str, ttl: float,
+                 writeback_cache: bool = False) -> None:
         super().__init__()
+        # Read by pyfuse3 at FUSE_INIT: let the kernel buffer writes in its page cache.
+        self.enable_writeback_cache = writeback_cache
         self.fs = fs
         self.control_path = control_path
         self.ttl = ttl
