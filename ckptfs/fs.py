@@ -15,6 +15,7 @@ import stat as stat_mod
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,10 +92,14 @@ class Filesystem:
         self.read_requests = 0
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
+        self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self.meta_limiter = trio.CapacityLimiter(16)
         known = ns.known_chunks()
-        self.uploader = ChunkUploader(store, known, trio.CapacityLimiter(config.upload_concurrency),
-                                      ns.chunk_mark)
+        self.last_write = 0.0
+        self.uploader = ChunkUploader(
+            store, known, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
+            slot=self._background_slot if config.durability == "async" else None)
+        self._trickle = trio.CapacityLimiter(1)
         self.queue = PublishQueue(self._publish_from_queue)
 
     # ------------------------------------------------------------------ helpers
@@ -194,6 +199,7 @@ class Filesystem:
                 continue
             to_fetch.append((name, key))
         fetched: dict[bytes, tuple[Entry, str]] = {}
+        corrupt: set[bytes] = set()
 
         async def fetch(name: bytes, key: str) -> None:
             try:
@@ -205,7 +211,8 @@ class Filesystem:
             try:
                 fetched[name] = (Entry.from_json(body, self.config.chunk_size), etag)
             except BadEntry as exc:
-                log.error("ignoring corrupt entry %s: %s", key, exc)
+                log.error("corrupt entry %s: %s (EIO for that name)", key, exc)
+                corrupt.add(name)
 
         async with trio.open_nursery() as nursery:
             for name, key in to_fetch:
@@ -253,6 +260,7 @@ class Filesystem:
                 if inode.published and not inode.dirty and not self._is_open(ino) \
                         and ino not in self.queue.queued:
                     self._forget_subtree(inode)
+        self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
         self.ns.save(dir_inode)
 
@@ -284,6 +292,8 @@ class Filesystem:
         await self.refresh_dir(parent)
         ino = self.ns.lookup(parent, name)
         if ino is None:
+            if name in self._corrupt.get(parent, ()):
+                raise FsError(errno.EIO, f"the store's entry for {name!r} is corrupt")
             raise FsError.enoent()
         return self.ns.get(ino)
 
@@ -545,6 +555,7 @@ class Filesystem:
             raise FsError(exc.errno or errno.EIO, "staging write failed") from None
         handle.wrote = True
         self.write_requests += 1
+        self.last_write = time.monotonic()
         rt = self._rt(inode.ino)
         rt.write_gen += 1
         if not inode.dirty:
@@ -570,6 +581,17 @@ class Filesystem:
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
         finally:
             pending.done.set()
+
+    @asynccontextmanager
+    async def _background_slot(self):
+        """Async durability: while a writer is writing (a write in the last 100 ms),
+        background uploads trickle one at a time, leaving the CPU to the training step
+        that async mode protects; when writers pause, they run at full concurrency."""
+        if time.monotonic() - self.last_write < 0.1:
+            async with self._trickle:
+                yield
+        else:
+            yield
 
     def _handle(self, fh: int) -> Handle:
         handle = self.handles.get(fh)

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,16 +40,20 @@ class ChunkUploader:
     """Read, hash and upload chunks of staging files."""
 
     def __init__(self, store: ObjectStore, known: set[str], limiter: trio.CapacityLimiter,
-                 on_known: Callable[[str], None]) -> None:
+                 on_known: Callable[[str], None],
+                 slot: Callable[[], AbstractAsyncContextManager] | None = None) -> None:
         self.store = store
+        self.slot = slot              # held around each upload (async mode yields)
         self.known = known            # chunk hashes known to be in the store
         self.limiter = limiter
         self.on_known = on_known      # persists a newly known hash (trio thread)
         self.stats = UploadStats()
 
     async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
-        async with self.limiter:
-            sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, path, offset, length)
+        async with self.slot() if self.slot is not None else nullcontext():
+            async with self.limiter:
+                sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, path, offset,
+                                                              length)
         if sha not in self.known:
             self.known.add(sha)
             self.on_known(sha)

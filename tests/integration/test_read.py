@@ -171,3 +171,25 @@ def test_prefetch_warms_a_tree_and_reports_failures(local_store, make_mount):
     proc = run_ckptfs("prefetch", str(c.path / "ckpt"))
     assert proc.returncode != 0
     assert "c.bin" in proc.stderr
+
+
+def test_hostile_store_entries_give_eio_and_daemon_stays_up(local_store, make_mount):
+    a = make_mount(local_store, name="a")
+    (a.path / "good").write_bytes(b"fine")
+    entries = local_store.root / "dirs" / "root"
+    (entries / "bad-json").write_bytes(b"{not json")
+    (entries / "bad-size").write_text(json.dumps(
+        {"v": 1, "type": "file", "mode": 420, "size": 5, "chunks": [["a" * 64, 3]]}))
+    (entries / "evil-id").write_text(json.dumps({"v": 1, "type": "dir", "mode": 493,
+                                                 "id": "../../etc"}))
+    (entries / "%2E%2E").write_text(json.dumps({"v": 1, "type": "file", "mode": 420,
+                                                "size": 0, "chunks": []}))
+    b = make_mount(local_store, name="b")
+    assert os.listdir(b.path) == ["good"]
+    for name in ("bad-json", "bad-size", "evil-id"):
+        with pytest.raises(OSError) as info:
+            os.stat(b.path / name)
+        assert info.value.errno == 5, name
+    assert (b.path / "good").read_bytes() == b"fine"
+    (b.path / "after").write_bytes(b"still up")
+    assert (b.path / "after").read_bytes() == b"still up"
