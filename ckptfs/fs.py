@@ -529,8 +529,7 @@ class Filesystem:
             for pos, sha, length, _ in wanted:
                 lo = max(offset, pos) - pos
                 hi = min(end, pos + length) - pos
-                with open(self.cache.path(sha), "rb") as f:
-                    parts.append(os.pread(f.fileno(), hi - lo, lo))
+                parts.append(self.cache.pread(sha, hi - lo, lo))
             return b"".join(parts)
         finally:
             for _, sha, _, _ in wanted:
@@ -587,11 +586,15 @@ class Filesystem:
         """Async durability: while a writer is writing (a write in the last 100 ms),
         background uploads trickle one at a time, leaving the CPU to the training step
         that async mode protects; when writers pause, they run at full concurrency."""
-        if time.monotonic() - self.last_write < 0.1:
-            async with self._trickle:
-                yield
-        else:
-            yield
+        # Re-checked while waiting: uploads queued during a write must not stay
+        # serialized once the writer stops.
+        while time.monotonic() - self.last_write < 0.1:
+            if self._trickle.available_tokens:
+                async with self._trickle:
+                    yield
+                return
+            await trio.sleep(0.05)
+        yield
 
     def _handle(self, fh: int) -> Handle:
         handle = self.handles.get(fh)

@@ -114,6 +114,7 @@ class ChunkCache:
         self._failed: dict[str, BaseException] = {}
         self._lru: OrderedDict[str, int] = OrderedDict()
         self._pinned: dict[str, int] = {}
+        self._fds: OrderedDict[str, int] = OrderedDict()
         self.total = 0
         self.corrupt_events = 0
         root.mkdir(parents=True, exist_ok=True)
@@ -130,6 +131,25 @@ class ChunkCache:
 
     def has(self, sha: str) -> bool:
         return sha in self._lru
+
+    def pread(self, sha: str, length: int, offset: int) -> bytes:
+        """Read from a cached chunk through a small pool of open descriptors (a 1 MiB
+        read request should not pay for open and close)."""
+        fd = self._fds.get(sha)
+        if fd is None:
+            fd = os.open(self.path(sha), os.O_RDONLY)
+            self._fds[sha] = fd
+            if len(self._fds) > 64:
+                _, old = self._fds.popitem(last=False)
+                os.close(old)
+        else:
+            self._fds.move_to_end(sha)
+        return os.pread(fd, length, offset)
+
+    def _close_fd(self, sha: str) -> None:
+        fd = self._fds.pop(sha, None)
+        if fd is not None:
+            os.close(fd)
 
     def fetching(self, sha: str) -> bool:
         return sha in self._inflight
@@ -253,6 +273,7 @@ class ChunkCache:
                 continue
             size = self._lru.pop(sha)
             self.total -= size
+            self._close_fd(sha)
             try:
                 self.path(sha).unlink()
             except FileNotFoundError:
