@@ -235,3 +235,22 @@ def test_async_publish_after_close_reads_the_right_bytes(store, make_mount):
     other = fresh(make_mount, store)
     for name, data in files.items():
         assert (other.path / name).read_bytes() == data
+
+
+def test_writeback_cache_option_keeps_the_promises(local_store, make_mount):
+    """--writeback-cache (experimental): data round-trips, a killed writer still
+    publishes nothing (the kernel writes dirty pages back before the FLUSH)."""
+    mnt = make_mount(local_store, extra=("--writeback-cache",))
+    data = os.urandom(10 * MiB + 3)
+    (mnt.path / "a.bin").write_bytes(data)
+    with open(mnt.path / "a.bin", "r+b") as f:
+        f.seek(5)
+        f.write(b"patch")
+    expected = data[:5] + b"patch" + data[10:]
+    assert (mnt.path / "a.bin").read_bytes() == expected
+    writer = start_writer(mnt.path / "torn.bin", 64, 32, "new", "wb")
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    other = fresh(make_mount, local_store)
+    assert os.listdir(other.path) == ["a.bin"]
+    assert (other.path / "a.bin").read_bytes() == expected
