@@ -1,0 +1,107 @@
+"""Namespace (LMDB) and the chunk cache's single flight and verification, no mount."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import trio
+
+from ckptfs.errors import FsError
+from ckptfs.namespace import ROOT_INO, Namespace
+from ckptfs.remote import chunk_key
+from ckptfs.staging import ChunkCache
+from ckptfs.store import CountingStore, LocalStore, StoreStats
+
+
+def test_namespace_persists_inodes_dentries_and_journal(tmp_path):
+    ns = Namespace(tmp_path / "meta")
+    d = ns.new_inode(ROOT_INO, b"dir", "dir", 0o755, 0, 0, dir_id="a" * 32, published=True)
+    f = ns.new_inode(d.ino, b"f\xff", "file", 0o644, 1, 2, size=3, chunks=[("b" * 64, 3)])
+    seq = ns.journal_add({"op": "publish", "ino": f.ino})
+    ns.move(f, ROOT_INO, b"moved")
+    ns.close()
+    ns = Namespace(tmp_path / "meta")
+    assert ns.lookup(ROOT_INO, b"moved") == f.ino
+    assert ns.lookup(d.ino, b"f\xff") is None
+    again = ns.get(f.ino)
+    assert (again.name, again.parent, again.chunks, again.uid) == (b"moved", ROOT_INO,
+                                                                   [("b" * 64, 3)], 1)
+    assert sorted(name for name, _ in ns.children(ROOT_INO)) == [b"dir", b"moved"]
+    assert ns.path_of(f.ino) == b"/moved"
+    assert ns.journal() == [(seq, {"op": "publish", "ino": f.ino})]
+    ns.journal_done(seq)
+    assert ns.journal() == []
+    ns.unlink(again)
+    assert ns.lookup(ROOT_INO, b"moved") is None
+    ns.delete_inode(f.ino)
+    with pytest.raises(FsError):
+        ns.get(f.ino)
+    ns.close()
+
+
+def make_store(tmp_path, chunks: dict[str, bytes]):
+    root = tmp_path / "store"
+    root.mkdir()
+    raw = LocalStore(root)
+    for sha, body in chunks.items():
+        raw.put(chunk_key(sha), body)
+    stats = StoreStats()
+    return raw, CountingStore(raw, stats), stats
+
+
+def test_single_flight_many_waiters_one_get(tmp_path):
+    body = os.urandom(1 << 20)
+    sha = hashlib.sha256(body).hexdigest()
+    _, store, stats = make_store(tmp_path, {sha: body})
+    cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
+    paths = []
+
+    async def main():
+        async def reader():
+            paths.append(await cache.ensure(sha, len(body)))
+        async with trio.open_nursery() as nursery:
+            for _ in range(16):
+                nursery.start_soon(reader)
+
+    trio.run(main)
+    assert stats.gets == 1 and stats.chunk_bytes_got == len(body)
+    assert len(set(paths)) == 1 and paths[0].read_bytes() == body
+
+
+def test_corrupt_chunk_never_served(tmp_path):
+    body = os.urandom(4096)
+    sha = hashlib.sha256(body).hexdigest()
+    raw, store, stats = make_store(tmp_path, {sha: body[:-1] + bytes([body[-1] ^ 1])})
+    cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
+
+    async def main():
+        with pytest.raises(FsError) as info:
+            await cache.ensure(sha, len(body))
+        assert info.value.errno == 5
+        assert not cache.has(sha)
+        raw.put(chunk_key(sha), body)          # the store heals: the next read succeeds
+        assert (await cache.ensure(sha, len(body))).read_bytes() == body
+
+    trio.run(main)
+    assert cache.corrupt_events == 3
+
+
+def test_lru_eviction_respects_pins(tmp_path):
+    bodies = [os.urandom(1000) for _ in range(4)]
+    shas = [hashlib.sha256(b).hexdigest() for b in bodies]
+    _, store, _ = make_store(tmp_path, dict(zip(shas, bodies)))
+    cache = ChunkCache(tmp_path / "cache", store, 2500, trio.CapacityLimiter(4))
+
+    async def main():
+        cache.pin(shas[0])
+        for sha in shas:
+            await cache.ensure(sha, 1000)
+        assert cache.has(shas[0])              # pinned: kept although least recent
+        assert not cache.has(shas[1]) and not cache.has(shas[2])
+        assert cache.has(shas[3])
+        assert cache.total == 2000
+        cache.unpin(shas[0])
+
+    trio.run(main)
