@@ -386,7 +386,7 @@ class Filesystem:
         if existing is not None:
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST)
-            handle = await self.open(existing, flags | os.O_TRUNC, opener)
+            handle = await self.open(existing, flags, opener)
             return handle, self.ns.get(existing)
         self._dir(parent)
         self._touch_dir(parent)
