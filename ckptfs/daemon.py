@@ -260,6 +260,16 @@ class Daemon:
         await trio.serve_listeners(self._control_client, [listener])
 
     async def _control_client(self, stream: trio.SocketStream) -> None:
+        # A client that goes away (Ctrl-C on `ckptfs wait`) or sends garbage must never
+        # take the daemon down with it.
+        try:
+            await self._serve_request(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            log.debug("control client went away")
+        except Exception:  # noqa: BLE001
+            log.exception("control request failed")
+
+    async def _serve_request(self, stream: trio.SocketStream) -> None:
         async with stream:
             data = b""
             while not data.endswith(b"\n"):

@@ -1007,7 +1007,9 @@ class Filesystem:
             try:
                 await self.seal(ino)
                 return
-            except FsError as exc:
+            except Exception as exc:  # a background task must never take the daemon down
+                if isinstance(exc, FsError) and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return  # the directory is gone or replaced: nothing left to seal
                 log.warning("sealing inode %d failed (%s); retrying", ino, exc)
                 await trio.sleep(min(30, 2 ** attempt))
         log.error("gave up sealing inode %d; `ckptfs commit` seals it by hand", ino)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -254,3 +255,29 @@ def test_writeback_cache_option_keeps_the_promises(local_store, make_mount):
     other = fresh(make_mount, local_store)
     assert os.listdir(other.path) == ["a.bin"]
     assert (other.path / "a.bin").read_bytes() == expected
+
+
+def test_control_client_that_goes_away_does_not_stop_the_daemon(local_store, make_mount,
+                                                                 tmp_path):
+    """Regression: a `ckptfs wait` interrupted while the daemon was sending progress
+    raised BrokenResourceError in the daemon's nursery and took the mount down."""
+    import socket as socketlib
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",
+                                              "kind": "transient"}]}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    (mnt.path / "pending").write_bytes(b"x")
+    path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    for _ in range(3):
+        s = socketlib.socket(socketlib.AF_UNIX)
+        s.connect(path)
+        s.sendall(b'{"cmd": "wait"}\n')
+        s.recv(100)                       # first progress line
+        s.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()                         # gone, with a reset
+    time.sleep(1.5)                       # the daemon's next progress send hits the reset
+    control.write_text(json.dumps({"rules": []}))
+    assert mnt.status()["ok"]
+    from conftest import run_ckptfs
+    run_ckptfs("wait", str(mnt.path), check=True)
+    assert (mnt.path / "pending").read_bytes() == b"x"
