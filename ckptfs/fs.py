@@ -15,7 +15,7 @@ import stat as stat_mod
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +71,6 @@ class Runtime:
     writers: int = 0
     lock: trio.Lock = field(default_factory=trio.Lock)
     tracker: ChunkTracker | None = None
-    write_gen: int = 0              # bumped by every write and truncate
 
 
 class Filesystem:
@@ -93,6 +92,11 @@ class Filesystem:
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
+        # Bumped by every write, truncate and abandon; kept per inode (not in Runtime,
+        # which is dropped when the last handle closes) so a publish in flight can tell
+        # that what it uploaded is no longer the file.
+        self._write_gen: dict[int, int] = {}
+        self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
         known = ns.known_chunks()
         self.last_write = 0.0
@@ -109,6 +113,13 @@ class Filesystem:
         if rt is None:
             rt = self.runtime[ino] = Runtime()
         return rt
+
+    def _bump(self, ino: int) -> None:
+        self._write_gen[ino] = self._write_gen.get(ino, 0) + 1
+
+    def _locked(self, ino: int) -> bool:
+        rt = self.runtime.get(ino)
+        return bool(rt and rt.lock.locked())
 
     def _is_open(self, ino: int) -> bool:
         rt = self.runtime.get(ino)
@@ -221,7 +232,8 @@ class Filesystem:
         dir_inode = self.ns.get(dir_inode.ino)
         if not dir_inode.parent and dir_inode.ino != ROOT_INO:
             return
-        changed_locally = self._dir_mutations.get(dir_inode.ino, 0) != mutations
+        changed_locally = (self._dir_mutations.get(dir_inode.ino, 0) != mutations
+                           or dir_inode.ino in self._busy_dirs)
         local = dict(self.ns.children(dir_inode.ino))
         for name, (entry, etag) in fetched.items():
             ino = local.get(name)
@@ -258,7 +270,7 @@ class Filesystem:
                     continue
                 inode = self.ns.get(ino)
                 if inode.published and not inode.dirty and not self._is_open(ino) \
-                        and ino not in self.queue.queued:
+                        and ino not in self.queue.queued and not self._locked(ino):
                     self._forget_subtree(inode)
         self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
@@ -273,10 +285,14 @@ class Filesystem:
                                  staged=entry.staged and entry.type == "dir")
 
     def _forget_subtree(self, inode: Inode) -> None:
-        """Drop a name that vanished from the store (another node removed it)."""
+        """Drop a name that vanished from the store (another node removed it).  What
+        this node still has work for (dirty, open, queued, locked) stays."""
         if inode.type == "dir":
             for _, child in self.ns.children(inode.ino):
-                self._forget_subtree(self.ns.get(child))
+                child_inode = self.ns.get(child)
+                if child_inode.dirty or self._is_open(child) or child in self.queue.queued:
+                    continue
+                self._forget_subtree(child_inode)
         self.ns.unlink(inode)
         if not self._is_open(inode.ino):
             self._delete_inode(inode)
@@ -471,7 +487,7 @@ class Filesystem:
         self.cache.untrack_local(inode.ino)
         inode.mtime_ns = inode.ctime_ns = time.time_ns()
         rt = self._rt(inode.ino)
-        rt.write_gen += 1
+        self._bump(inode.ino)
         if rt.tracker is not None:
             if size == 0:
                 rt.tracker.reset()
@@ -556,7 +572,7 @@ class Filesystem:
         self.write_requests += 1
         self.last_write = time.monotonic()
         rt = self._rt(inode.ino)
-        rt.write_gen += 1
+        self._bump(inode.ino)
         if not inode.dirty:
             inode.dirty = True
             self.cache.untrack_local(inode.ino)
@@ -616,6 +632,8 @@ class Filesystem:
         if not inode.dirty:
             return
         if died_unclean(handle.opener):
+            if not handle.wrote:
+                return  # it changed nothing: whatever is pending was closed by others
             log.warning("writer %d of %s was killed; keeping it staged, unpublished",
                         handle.opener.tgid, self._path_for_log(inode))
             self._abandon_if_alone(inode, handle, "its writer was killed")
@@ -658,6 +676,7 @@ class Filesystem:
         rt = self._rt(inode.ino)
         if rt.writers > 1:
             return
+        self._bump(inode.ino)  # a publish in flight must not write these bytes' entry
         if keep:
             kept = self.staging.abandon(inode.ino)
             log.warning("%s left unpublished because %s; staged bytes kept at %s",
@@ -688,7 +707,14 @@ class Filesystem:
         """Upload a dirty file's chunks and write its entry; on failure, queue a retry
         and raise EIO."""
         try:
-            await self._publish(ino)
+            for _ in range(3):
+                if await self._publish(ino):
+                    return
+            # Still being rewritten by another handle: its close publishes; keep it
+            # queued so nothing closed is left behind.
+            inode = self.ns.maybe_get(ino)
+            if inode is not None and inode.dirty:
+                self._journal_publish(inode)
         except FsError as exc:
             if exc.errno == errno.EIO:
                 inode = self.ns.maybe_get(ino)
@@ -696,22 +722,28 @@ class Filesystem:
                     self._journal_publish(inode)
             raise
 
-    async def _publish_from_queue(self, ino: int) -> None:
-        await self._publish(ino)
+    async def _publish_from_queue(self, ino: int) -> bool:
+        if not await self._publish(ino):
+            return False  # changed meanwhile: the queue sends it round again
         for seq, record in self.ns.journal():
             if record.get("op") == "publish" and record.get("ino") == ino:
                 self.ns.journal_done(seq)
+        return True
 
-    async def _publish(self, ino: int) -> None:
+    async def _publish(self, ino: int) -> bool:
+        """Publish the staging file's current content.  True when the inode is clean
+        afterwards; False when it was changed while uploading (nothing was written to
+        the store then: the caller publishes again)."""
         inode = self.ns.maybe_get(ino)
         if inode is None or not inode.dirty or not inode.parent:
-            return
+            return True
         rt = self._rt(ino)
         started = time.monotonic()
-        generation = rt.write_gen
+        generation = self._write_gen.get(ino, 0)
+        tracker = rt.tracker
         size = self.staging.size(ino)
         try:
-            chunks = await chunk_list(self.uploader, rt.tracker, self.staging.path(ino), size,
+            chunks = await chunk_list(self.uploader, tracker, self.staging.path(ino), size,
                                       self.config.chunk_size)
         except StoreError as exc:
             self.uploader.stats.publish_failures += 1
@@ -719,26 +751,33 @@ class Filesystem:
         except OSError as exc:
             self.uploader.stats.publish_failures += 1
             raise FsError(exc.errno or errno.EIO, f"upload failed: {exc}") from None
+        rt = self._rt(ino)
         async with rt.lock:
             inode = self.ns.maybe_get(ino)
-            if inode is None or not inode.parent:
-                return
-            previous = (inode.chunks, inode.size)
+            if inode is None or not inode.parent or not inode.dirty:
+                return True
+            if self._write_gen.get(ino, 0) != generation:
+                log.debug("inode %d changed while uploading; publishing again", ino)
+                return False
+            previous = inode.chunks
             inode.chunks = chunks
             try:
                 await self._put_entry(inode)
             except BaseException:
-                inode.chunks = previous[0]
+                inode.chunks = previous
                 self.uploader.stats.publish_failures += 1
                 raise
-            if rt.write_gen == generation:
+            clean = self._write_gen.get(ino, 0) == generation
+            if clean:
                 inode.dirty = False
-                self.cache.track_local(ino, size)
-            inode.local_copy = True
+                inode.local_copy = self.staging.exists(ino)
+                if inode.local_copy:
+                    self.cache.track_local(ino, size)
             self.ns.save(inode)
         self.uploader.stats.publishes += 1
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
+        return clean
 
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
@@ -823,12 +862,21 @@ class Filesystem:
         await self._remove(inode)
 
     async def _remove(self, inode: Inode) -> None:
-        parent = self.ns.get(inode.parent)
-        if inode.published:
-            await self._store(self.store.delete, entry_key(parent.dir_id, inode.name))
-        self._touch_dir(parent.ino)
-        self.ns.unlink(inode)
-        self._mark_parent_changed(parent)
+        # Under the inode's lock: an entry PUT in flight (a publish) lands first, then
+        # its key is deleted here, instead of landing after and resurrecting the name.
+        rt = self._rt(inode.ino)
+        async with rt.lock:
+            inode = self.ns.get(inode.ino)
+            if not inode.parent:
+                return
+            parent = self.ns.get(inode.parent)
+            if inode.published:
+                await self._store(self.store.delete, entry_key(parent.dir_id, inode.name))
+            self._touch_dir(parent.ino)
+            self.ns.unlink(inode)
+            self._mark_parent_changed(parent)
+            self._bump(inode.ino)
+        self._drop_rt(inode.ino)
         if not self._is_open(inode.ino):
             self._delete_inode(inode)
 
@@ -867,8 +915,35 @@ class Filesystem:
             # The renamed tree must appear complete: let its pending uploads land first.
             while self._pending_under(inode.ino):
                 await trio.sleep(0.05)
-        rt = self._rt(inode.ino)
-        async with rt.lock:
+        # A listing of either directory applied while the two store steps are under way
+        # would see the old name gone and forget it: mark both busy until the move.
+        busy = {inode.parent, new_parent}
+        for d in busy:
+            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
+        try:
+            await self._rename_locked(inode, new_dir, new_parent, new_name, target)
+        finally:
+            for d in busy:
+                self._busy_dirs[d] -= 1
+                if not self._busy_dirs[d]:
+                    del self._busy_dirs[d]
+                self._touch_dir(d)
+        self._drop_rt(inode.ino)
+        # A completion mark written as a temp file and renamed into place (DCP's
+        # .metadata) seals like a mark closed in place.
+        if inode.type == "file" and not inode.dirty:
+            await self._seals_after_close(inode, wait=True)
+        elif inode.type == "file" and not self._writers(inode.ino):
+            self._seals_after_close(inode, wait=False)
+
+    async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
+                             new_name: bytes, target: Inode | None) -> None:
+        """The store steps and the namespace move, under the locks of the renamed inode
+        and of the one it replaces (a publish of either finishes first)."""
+        async with AsyncExitStack() as locks:
+            await locks.enter_async_context(self._rt(inode.ino).lock)
+            if target is not None and target.ino != inode.ino:
+                await locks.enter_async_context(self._rt(target.ino).lock)
             inode = self.ns.get(inode.ino)
             old_dir = self.ns.get(inode.parent)
             old_key = entry_key(old_dir.dir_id, inode.name)
@@ -899,19 +974,15 @@ class Filesystem:
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)
                 self.ns.unlink(replaced)
+                self._bump(replaced.ino)
                 if not self._is_open(replaced.ino):
                     self._delete_inode(replaced)
             self.ns.move(inode, new_parent, new_name)
             self._mark_parent_changed(old_dir)
             if new_parent != old_dir.ino:
                 self._mark_parent_changed(self.ns.get(new_parent))
-        self._drop_rt(inode.ino)
-        # A completion mark written as a temp file and renamed into place (DCP's
-        # .metadata) seals like a mark closed in place.
-        if inode.type == "file" and not inode.dirty:
-            await self._seals_after_close(inode, wait=True)
-        elif inode.type == "file" and not self._writers(inode.ino):
-            self._seals_after_close(inode, wait=False)
+        if target is not None:
+            self._drop_rt(target.ino)
 
     def _evict_local_copy(self, ino: int) -> bool:
         inode = self.ns.maybe_get(ino)

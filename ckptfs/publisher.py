@@ -176,7 +176,7 @@ class PublishQueue:
     """Background publishing for ``durability = "async"`` (and retries of failed sync
     publishes).  Records live in the namespace journal; this queue only schedules them."""
 
-    def __init__(self, publish: Callable[[int], Awaitable[None]], workers: int = 2,
+    def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
                  retry_delay: float = 2.0) -> None:
         self._publish = publish
         self.workers = workers
@@ -218,13 +218,16 @@ class PublishQueue:
             if ino not in self.queued:
                 continue
             try:
-                await self._publish(ino)
+                done = await self._publish(ino)
             except Exception as exc:  # keep it queued and retry later
                 self.failing[ino] = str(exc)
                 log.warning("background publish of inode %d failed (%s); retrying in %.0fs",
                             ino, exc, self.retry_delay)
                 await trio.sleep(self.retry_delay)
                 self._send.send_nowait(ino)
+                continue
+            if done is False:
+                self._send.send_nowait(ino)   # rewritten while uploading: go again
                 continue
             self.failing.pop(ino, None)
             self.queued.discard(ino)
