@@ -227,7 +227,10 @@ class PublishQueue:
                 self._send.send_nowait(ino)
                 continue
             if done is False:
-                self._send.send_nowait(ino)   # rewritten while uploading: go again
+                # Rewritten while uploading: go again, after a breath so a file that is
+                # written continuously does not spin this worker.
+                await trio.sleep(0.1)
+                self._send.send_nowait(ino)
                 continue
             self.failing.pop(ino, None)
             self.queued.discard(ino)

@@ -29,6 +29,17 @@ def seaweed(tmp_path_factory):
     server.stop()
 
 
+def eventually(predicate, timeout: float = 15.0):
+    """Poll for a state another mount must reach within its metadata TTL: a correctness
+    wait with a generous deadline, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
 def run_ckptfs(*args: str, env: dict | None = None, timeout: float = 120,
                check: bool = False) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)

@@ -13,19 +13,10 @@ import time
 
 import pytest
 
-from conftest import run_ckptfs
+from conftest import eventually, run_ckptfs
 
 MiB = 1 << 20
 
-
-def eventually(predicate, timeout=10.0):
-    """Poll for a state another mount must reach within its TTL (a correctness wait)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 def chunk_bytes_got(mnt) -> int:

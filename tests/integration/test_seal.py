@@ -14,18 +14,10 @@ from multiprocessing import get_context
 
 import pytest
 
-from conftest import run_ckptfs
+from conftest import eventually, run_ckptfs
 
 MiB = 1 << 20
 
-
-def eventually(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 HF_WRITER = r"""
