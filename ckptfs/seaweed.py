@@ -31,6 +31,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the process that started it dies, so a
+    killed test run or bench never leaves a server behind."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def weed_binary() -> str:
     candidate = Path(sys.executable).parent / "weed"
     if candidate.exists():
@@ -86,7 +94,8 @@ class SeaweedServer:
         (self.data_dir / "data").mkdir(exist_ok=True)
         logfile = open(self.data_dir / "weed.log", "wb")
         self.process = subprocess.Popen(args, stdout=logfile, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
         logfile.close()
         self._wait_ready(timeout)
 
