@@ -4,7 +4,6 @@ Knows nothing of how the settings are used."""
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,24 +50,20 @@ def parse_durability(value) -> str:
     return value
 
 
-def parse_positive_int(value) -> int:
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"not a whole number: {value!r}") from None
-    if n <= 0:
-        raise ConfigError(f"must be positive: {value!r}")
-    return n
+def _number(cast, what: str, zero_ok: bool):
+    def parse(value):
+        try:
+            n = cast(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"not {what}: {value!r}") from None
+        if n < 0 or (n == 0 and not zero_ok):
+            raise ConfigError(f"must be {'non-negative' if zero_ok else 'positive'}: {value!r}")
+        return n
+    return parse
 
 
-def parse_seconds(value) -> float:
-    try:
-        n = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"not a number of seconds: {value!r}") from None
-    if n < 0:
-        raise ConfigError(f"must not be negative: {value!r}")
-    return n
+parse_positive_int = _number(int, "a whole number", zero_ok=False)
+parse_seconds = _number(float, "a number of seconds", zero_ok=True)
 
 
 _KEYS = {

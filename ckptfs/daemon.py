@@ -353,13 +353,13 @@ class Daemon:
                     "local_abandoned": abandoned})
 
     async def _prefetch(self, fs: Filesystem, path: str, send) -> None:
-        relative = os.path.relpath(path, self.opts.mountpoint)
-        if relative.startswith(".."):
+        relative = self._relative(path)
+        if relative is None:
             await send({"error": f"{path} is not under {self.opts.mountpoint}"})
             return
         try:
-            top = await fs.resolve(os.fsencode(relative))
-            files = await fs.files_under(top, os.fsencode(relative).lstrip(b"."))
+            top = await fs.resolve(relative)
+            files = await fs.files_under(top, relative.lstrip(b"."))
         except FsError as exc:
             await send({"error": f"{path}: {os.strerror(exc.errno)}"})
             return

@@ -11,13 +11,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat as stat_mod
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import trio
 
@@ -42,7 +40,7 @@ class Config:
     chunk_size: int = 8 << 20
     metadata_ttl: float = 1.0
     cache_size: int = 8 << 30
-    upload_concurrency: int = 4
+    upload_concurrency: int = 8
     fetch_concurrency: int = 8
     readahead_chunks: int = 8          # window for a sequential reader
     profiles: Profiles = field(default_factory=Profiles)
@@ -327,6 +325,10 @@ class Filesystem:
                 out.append((name, inode))
         return out
 
+    def statvfs(self) -> os.statvfs_result:
+        """Space as the writer sees it: the staging disk's."""
+        return os.statvfs(self.staging.root)
+
     def readlink(self, ino: int) -> bytes:
         inode = self.ns.get(ino)
         if inode.type != "symlink":
@@ -584,15 +586,14 @@ class Filesystem:
         if tracker is not None:
             for index in tracker.note_write(offset, written):
                 pending = tracker.start(index)
-                self.nursery.start_soon(self._pipeline_chunk, inode.ino, tracker, index, pending)
+                self.nursery.start_soon(self._pipeline_chunk, inode.ino, index, pending)
         return written
 
-    async def _pipeline_chunk(self, ino: int, tracker: ChunkTracker, index: int, pending) -> None:
+    async def _pipeline_chunk(self, ino: int, index: int, pending) -> None:
         try:
             size = self.config.chunk_size
             pending.result = await self.uploader.upload(self.staging.path(ino), index * size, size)
         except Exception as exc:  # flush uploads it again and reports the error
-            pending.error = exc
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
         finally:
             pending.done.set()
@@ -968,8 +969,6 @@ class Filesystem:
                 inode.remote_etag = etag
             elif target is not None and target.published:
                 await self._store(self.store.delete, new_key)
-            self._touch_dir(old_dir.ino)
-            self._touch_dir(new_parent)
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)

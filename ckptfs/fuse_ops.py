@@ -11,7 +11,6 @@ import errno
 import functools
 import json
 import logging
-import os
 
 import pyfuse3
 import trio
@@ -203,7 +202,7 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def statfs(self, ctx):
-        st = os.statvfs(self.fs.staging.root)
+        st = self.fs.statvfs()
         out = pyfuse3.StatvfsData()
         out.f_bsize = st.f_bsize
         out.f_frsize = st.f_frsize

@@ -90,7 +90,6 @@ class _Pending:
     gen: int
     done: trio.Event = field(default_factory=trio.Event)
     result: tuple[str, int] | None = None
-    error: BaseException | None = None
 
 
 class ChunkTracker:

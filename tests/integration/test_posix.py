@@ -8,8 +8,6 @@ import mmap
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from multiprocessing import get_context
 
 import pytest

@@ -12,7 +12,6 @@ import threading
 import time
 from multiprocessing import get_context
 
-import pytest
 
 from conftest import eventually, run_ckptfs
 
