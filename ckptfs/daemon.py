@@ -25,8 +25,8 @@ from .fuse_ops import FuseOps
 from .namespace import Namespace
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .staging import ChunkCache, Staging
-from .store import (CountingStore, ObjectStore, RetryingStore, StoreError, StoreStats,
-                    open_store)
+from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
+                    StoreError, StoreStats, open_store)
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +91,13 @@ def probe_store(store: ObjectStore, single_writer: bool) -> None:
         if not store.put_if_absent(key, b"1"):
             raise MountError("store refused a fresh conditional write")
         honoured = not store.put_if_absent(key, b"2")
+        if honoured:
+            honoured = _honours_if_match(store, key)
         store.delete(key)
         if not honoured and not single_writer:
-            raise MountError("store does not honour conditional writes (If-None-Match: *); "
-                             "mount with --single-writer if only one node writes")
+            raise MountError("store does not honour conditional writes (If-None-Match: *, "
+                             "If-Match on PUT and DELETE); mount with --single-writer if "
+                             "only one node writes")
         marker = json.dumps({"format": FORMAT_VERSION}).encode()
         if not store.put_if_absent(FORMAT_KEY, marker):
             body, _ = store.get(FORMAT_KEY)
@@ -107,6 +110,24 @@ def probe_store(store: ObjectStore, single_writer: bool) -> None:
                                  f"{FORMAT_VERSION}")
     except StoreError as exc:
         raise MountError(str(exc)) from None
+
+
+def _honours_if_match(store: ObjectStore, key: str) -> bool:
+    """Renames and directory-entry rewrites compare and swap (decision 0003): a PUT and a
+    DELETE with a stale ``If-Match`` must be refused."""
+    etag = store.put(key, b"3")
+    for attempt in (lambda: store.put(key, b"4", if_match='"0-stale"'),
+                    lambda: store.delete(key, if_match='"0-stale"')):
+        try:
+            attempt()
+            return False
+        except PreconditionFailed:
+            pass
+    try:
+        store.put(key, b"5", if_match=etag)
+    except PreconditionFailed:
+        return False
+    return True
 
 
 def set_readahead(mountpoint: Path, kb: int) -> bool:

@@ -88,9 +88,12 @@ class FaultInjectingStore:
         self._before("check", "")
         self.inner.check()
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
-        self._before("put", key)
-        return self.inner.put(key, data, sha256)
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
+        rule = self._before("put", key)
+        if rule is not None and rule.kind == "no_conditional":
+            if_match = None
+        return self.inner.put(key, data, sha256, if_match=if_match)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         rule = self._before("put_if_absent", key)
@@ -121,6 +124,8 @@ class FaultInjectingStore:
         self._before("list", prefix)
         return self.inner.list(prefix)
 
-    def delete(self, key: str) -> None:
-        self._before("delete", key)
-        self.inner.delete(key)
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        rule = self._before("delete", key)
+        if rule is not None and rule.kind == "no_conditional":
+            if_match = None
+        self.inner.delete(key, if_match)

@@ -11,6 +11,7 @@ moves opaque bytes under opaque keys.
 from __future__ import annotations
 
 import base64
+import fcntl
 import logging
 import os
 import random
@@ -19,6 +20,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -38,6 +40,10 @@ class NotFound(StoreError):
     """The key does not exist."""
 
 
+class PreconditionFailed(StoreError):
+    """A conditional write or delete found the key in another state (HTTP 412)."""
+
+
 @dataclass(frozen=True)
 class ListedObject:
     key: str
@@ -54,9 +60,12 @@ class ObjectStore(Protocol):
     def check(self) -> None:
         """Raise StoreError with a one-line reason if the store cannot be used."""
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
         """Store ``data`` under ``key`` atomically; return the new ETag.  ``sha256``, if
-        given, is the hex digest of ``data`` (lets S3 verify it, and saves re-hashing)."""
+        given, is the hex digest of ``data`` (lets S3 verify it, and saves re-hashing).
+        With ``if_match`` only if the key exists with that ETag, else
+        ``PreconditionFailed``."""
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Store ``data`` only if ``key`` does not exist; False if it did."""
@@ -72,8 +81,9 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> Iterator[ListedObject]:
         """Every object whose key starts with ``prefix``, in key order."""
 
-    def delete(self, key: str) -> None:
-        """Remove ``key``; deleting a missing key is not an error."""
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        """Remove ``key``; deleting a missing key is not an error.  With ``if_match``
+        only if the key exists with that ETag, else ``PreconditionFailed``."""
 
 
 # --------------------------------------------------------------------------- local
@@ -81,11 +91,34 @@ class ObjectStore(Protocol):
 
 class LocalStore:
     """A directory used as an object store.  Writes are atomic (temp file + rename);
-    ``put_if_absent`` uses ``link(2)``, which fails if the target exists."""
+    ``put_if_absent`` uses ``link(2)``, which fails if the target exists.  Conditional
+    writes and deletes (``if_match``) compare and swap under an exclusive ``flock`` on
+    ``.ckptfs-lock`` in the root, which every daemon on the machine takes for entry
+    writes (chunk bodies are immutable and skip it)."""
+
+    LOCK_NAME = ".ckptfs-lock"
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = f"file://{root}"
+
+    @contextmanager
+    def _locked(self, key: str):
+        if key.startswith("chunks/"):
+            yield
+            return
+        fd = os.open(self.root / self.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _etag_now(self, path: Path) -> str | None:
+        try:
+            return _local_etag(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -107,17 +140,25 @@ class LocalStore:
             os.fsync(f.fileno())
         return tmp
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
         path = self._path(key)
         tmp = self._write_temp(path, data)
-        os.replace(tmp, path)
-        return _local_etag(path)
+        try:
+            with self._locked(key):
+                if if_match is not None and self._etag_now(path) != if_match:
+                    raise PreconditionFailed(key)
+                os.replace(tmp, path)
+                return _local_etag(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         tmp = self._write_temp(path, data)
         try:
-            os.link(tmp, path)
+            with self._locked(key):
+                os.link(tmp, path)
             return True
         except FileExistsError:
             return False
@@ -152,7 +193,7 @@ class LocalStore:
         results: list[ListedObject] = []
         for dirpath, dirnames, filenames in os.walk(start):
             for name in filenames:
-                if name.startswith(".tmp-"):
+                if name.startswith(".tmp-") or name == self.LOCK_NAME:
                     continue
                 full = Path(dirpath) / name
                 key = str(full.relative_to(self.root))
@@ -166,11 +207,15 @@ class LocalStore:
         results.sort(key=lambda o: o.key)
         yield from results
 
-    def delete(self, key: str) -> None:
-        try:
-            self._path(key).unlink()
-        except FileNotFoundError:
-            pass
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            if if_match is not None and self._etag_now(path) != if_match:
+                raise PreconditionFailed(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 def _etag_of_stat(st: os.stat_result) -> str:
@@ -247,6 +292,8 @@ class S3Store:
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return PreconditionFailed(key)
             if code in ("NoSuchKey", "404", "NotFound") and code != "NoSuchBucket":
                 return NotFound(key)
             if code == "NoSuchBucket":
@@ -275,10 +322,13 @@ class S3Store:
                 raise StoreError(f"store unreachable: {err}") from None
             raise err from None
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
         extra = {}
         if sha256 is not None:
             extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+        if if_match is not None:
+            extra["IfMatch"] = if_match
         try:
             r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **extra)
             return r.get("ETag", "")
@@ -348,11 +398,14 @@ class S3Store:
                 return
             token = r.get("NextContinuationToken")
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        extra = {"IfMatch": if_match} if if_match is not None else {}
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key), **extra)
         except Exception as exc:  # noqa: BLE001
             err = self._translate(exc, key)
+            if isinstance(err, NotFound) and if_match is not None:
+                raise PreconditionFailed(key) from None
             if not isinstance(err, NotFound):
                 raise err from None
 
@@ -399,8 +452,9 @@ class RetryingStore:
     def check(self) -> None:
         self.inner.check()
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
-        return self._call("put", self.inner.put, key, data, sha256)
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
+        return self._call("put", lambda: self.inner.put(key, data, sha256, if_match=if_match))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self._call("put_if_absent", self.inner.put_if_absent, key, data)
@@ -417,8 +471,8 @@ class RetryingStore:
     def list(self, prefix: str) -> Iterator[ListedObject]:
         return iter(self._call("list", lambda p: list(self.inner.list(p)), prefix))
 
-    def delete(self, key: str) -> None:
-        self._call("delete", self.inner.delete, key)
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        self._call("delete", self.inner.delete, key, if_match)
 
 
 @dataclass
@@ -459,8 +513,9 @@ class CountingStore:
     def check(self) -> None:
         self.inner.check()
 
-    def put(self, key: str, data: bytes, sha256: str | None = None) -> str:
-        etag = self.inner.put(key, data, sha256)
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
+        etag = self.inner.put(key, data, sha256, if_match=if_match)
         self._count_put(key, len(data))
         return etag
 
@@ -494,9 +549,9 @@ class CountingStore:
         self.stats.add(lists=1)
         return self.inner.list(prefix)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, if_match: str | None = None) -> None:
         self.stats.add(deletes=1)
-        self.inner.delete(key)
+        self.inner.delete(key, if_match)
 
 
 # --------------------------------------------------------------------------- URLs

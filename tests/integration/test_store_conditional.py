@@ -1,0 +1,49 @@
+"""Conditional writes and deletes on both real stores: the primitive the rename and
+directory-entry protocols stand on (decision 0003)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptfs.store import LocalStore, PreconditionFailed, S3Store, NotFound
+
+
+@pytest.fixture(params=["local", "s3"])
+def raw_store(request, tmp_path):
+    if request.param == "local":
+        root = tmp_path / "store"
+        root.mkdir()
+        return LocalStore(root)
+    server = request.getfixturevalue("seaweed")
+    import os
+    import uuid
+    os.environ.update(server.env())
+    from conftest import BUCKET
+    return S3Store(BUCKET, uuid.uuid4().hex[:12], server.endpoint_url)
+
+
+def test_put_if_match_swaps_only_the_expected_version(raw_store):
+    first = raw_store.put("dirs/root/a", b"one")
+    second = raw_store.put("dirs/root/a", b"two", if_match=first)
+    assert raw_store.get("dirs/root/a") == (b"two", second)
+    with pytest.raises(PreconditionFailed):
+        raw_store.put("dirs/root/a", b"three", if_match=first)
+    assert raw_store.get("dirs/root/a")[0] == b"two"
+    with pytest.raises(PreconditionFailed):
+        raw_store.put("dirs/root/missing", b"x", if_match=first)
+    with pytest.raises(NotFound):
+        raw_store.get("dirs/root/missing")
+
+
+def test_delete_if_match_removes_only_the_expected_version(raw_store):
+    first = raw_store.put("dirs/root/b", b"one")
+    second = raw_store.put("dirs/root/b", b"two")
+    with pytest.raises(PreconditionFailed):
+        raw_store.delete("dirs/root/b", if_match=first)
+    assert raw_store.get("dirs/root/b")[0] == b"two"
+    raw_store.delete("dirs/root/b", if_match=second)
+    with pytest.raises(NotFound):
+        raw_store.get("dirs/root/b")
+    with pytest.raises(PreconditionFailed):
+        raw_store.delete("dirs/root/b", if_match=second)
+    raw_store.delete("dirs/root/b")  # unconditional delete of a missing key is fine
