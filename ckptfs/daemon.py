@@ -23,6 +23,7 @@ from .errors import FsError
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
 from .namespace import Namespace
+from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .staging import ChunkCache, Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
@@ -198,9 +199,10 @@ class Daemon:
         control_path = control_socket_path(opts.state_dir)
         try:
             async with trio.open_nursery() as nursery:
-                fs = self.fs = Filesystem(ns, store, staging, cache, self.config, nursery,
-                                          invalidate=lambda ino: nursery.start_soon(
-                                              self._invalidate, ino))
+                fs = self.fs = Filesystem(
+                    ns, store, staging, cache, self.config, nursery,
+                    invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
+                    invalidate_entry=self._invalidate_entry)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
                               writeback_cache=self.config.writeback_cache)
                 options = set(pyfuse3.default_options)
@@ -242,9 +244,23 @@ class Daemon:
             await trio.sleep(0.02)
             if set_readahead(self.opts.mountpoint, self.config.readahead_kb):
                 break
+        self.fs.mount_device = device_of_mount(os.fsencode(self.opts.mountpoint))
+        if self.fs.mount_device is None:
+            log.warning("could not find %s in /proc/self/mountinfo: a forked child's close "
+                        "cannot be told from its parent's", self.opts.mountpoint)
         log.info("mounted %s on %s", url, self.opts.mountpoint)
         on_ready()
         sd_notify("READY=1")
+
+    async def _invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Drop a name from the kernel's dentry cache (a name we removed ourselves, e.g.
+        a killed writer's new file: re-creating it must not hit the stale entry)."""
+        if self._terminated:
+            return
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent, name)
+        except (FileNotFoundError, OSError):
+            pass
 
     async def _invalidate(self, ino: int) -> None:
         if self._terminated:

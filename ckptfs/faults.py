@@ -95,11 +95,10 @@ class FaultInjectingStore:
             if_match = None
         return self.inner.put(key, data, sha256, if_match=if_match)
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         rule = self._before("put_if_absent", key)
         if rule is not None and rule.kind == "no_conditional":
-            self.inner.put(key, data)
-            return True
+            return self.inner.put(key, data)
         return self.inner.put_if_absent(key, data)
 
     def get(self, key: str) -> tuple[bytes, str]:

@@ -9,11 +9,12 @@ belong together happen with no ``await`` between them.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -21,12 +22,13 @@ import trio
 
 from .errors import FsError
 from .namespace import ROOT_INO, Inode, Namespace
-from .procstat import Opener, died_unclean
+from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
-from .remote import BadEntry, Entry, check_name, decode_name, dir_prefix, entry_key
+from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, check_name, decode_name, dir_prefix,
+                     entry_key)
 from .staging import ChunkCache, Staging
-from .store import NotFound, ObjectStore, StoreError
+from .store import NotFound, ObjectStore, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,20 @@ class Config:
     gc_grace: float = 24 * 3600.0
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
     writeback_cache: bool = False      # kernel write-back caching (experimental)
+    rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
+
+
+@dataclass
+class Session:
+    """A write session: the working version every writable handle of an inode on this
+    node writes into, from the first writable open until a close that meant it
+    (``flush``) makes it the inode's closed version, or until it is abandoned."""
+
+    ver: int
+    tracker: ChunkTracker
+    handles: set[int] = field(default_factory=set)
+    wrote: bool = False     # anything to publish (a write, O_TRUNC, a create)
+    failed: int = 0         # errno of a failed write: this session never publishes
 
 
 @dataclass
@@ -59,6 +75,11 @@ class Handle:
     failed: int = 0        # errno of a failed write: this handle never publishes
     read_end: int = 0      # where the last read ended (sequential detection)
     sequential: int = 0    # consecutive sequential reads
+    session: Session | None = None          # writable handles: the session they joined
+    # What a read-only handle reads until it closes (promise: a reader keeps the version
+    # it opened): ("live",) the working/current content on this node; ("staging", ver)
+    # a closed local version; ("chunks", chunks, size) a published version.
+    snapshot: tuple = ("live",)
 
 
 @dataclass
@@ -67,14 +88,20 @@ class Runtime:
 
     handles: set[int] = field(default_factory=set)
     writers: int = 0
-    lock: trio.Lock = field(default_factory=trio.Lock)
-    tracker: ChunkTracker | None = None
+    lock: trio.Lock = field(default_factory=trio.Lock)        # entry writes of the inode
+    session_lock: trio.Lock = field(default_factory=trio.Lock)
+    session: Session | None = None
+    trackers: dict[int, ChunkTracker] = field(default_factory=dict)   # closed ver -> chunks sent
+    refs: dict[int, int] = field(default_factory=dict)        # staging ver -> users
+    page_version: object = None     # the version the kernel page cache may hold
 
 
 class Filesystem:
     def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging, cache: ChunkCache,
                  config: Config, nursery: trio.Nursery,
-                 invalidate: Callable[[int], None] = lambda ino: None) -> None:
+                 invalidate: Callable[[int], None] = lambda ino: None,
+                 invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None = None,
+                 check_complete: Callable[[int, int], str | None] | None = None) -> None:
         self.ns = ns
         self.store = store
         self.staging = staging
@@ -82,6 +109,14 @@ class Filesystem:
         self.config = config
         self.nursery = nursery
         self.invalidate = invalidate
+        self.invalidate_entry = invalidate_entry
+        self._stale_entries: list[tuple[int, bytes]] = []   # names to drop from the kernel
+        # Structural check of a closed file (formats.check_complete): a reason if the
+        # bytes are an incomplete checkpoint, None otherwise.
+        self.check_complete = check_complete
+        # ``major:minor`` of the mount, set by the daemon once mounted: lets flush ask
+        # whether the opener still holds the file (procstat.holds_for_writing).
+        self.mount_device: bytes | None = None
         self.handles: dict[int, Handle] = {}
         self.runtime: dict[int, Runtime] = {}
         self._next_fh = 1
@@ -90,10 +125,6 @@ class Filesystem:
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
-        # Bumped by every write, truncate and abandon; kept per inode (not in Runtime,
-        # which is dropped when the last handle closes) so a publish in flight can tell
-        # that what it uploaded is no longer the file.
-        self._write_gen: dict[int, int] = {}
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
         known = ns.known_chunks()
@@ -112,9 +143,6 @@ class Filesystem:
             rt = self.runtime[ino] = Runtime()
         return rt
 
-    def _bump(self, ino: int) -> None:
-        self._write_gen[ino] = self._write_gen.get(ino, 0) + 1
-
     def _locked(self, ino: int) -> bool:
         rt = self.runtime.get(ino)
         return bool(rt and rt.lock.locked())
@@ -129,7 +157,8 @@ class Filesystem:
 
     def _drop_rt(self, ino: int) -> None:
         rt = self.runtime.get(ino)
-        if rt and not rt.handles and not rt.lock.locked():
+        if rt and not rt.handles and not rt.lock.locked() and not rt.refs \
+                and rt.session is None and not rt.session_lock.locked():
             del self.runtime[ino]
 
     def _touch_dir(self, ino: int) -> None:
@@ -153,7 +182,7 @@ class Filesystem:
         async with self.meta_limiter:
             try:
                 return await trio.to_thread.run_sync(fn, *args)
-            except NotFound:
+            except (NotFound, PreconditionFailed):
                 raise
             except StoreError as exc:
                 log.error("store error: %s", exc)
@@ -218,7 +247,7 @@ class Filesystem:
             except FsError:
                 return
             try:
-                fetched[name] = (Entry.from_json(body, self.config.chunk_size), etag)
+                fetched[name] = (Entry.from_json(body, MAX_CHUNK_SIZE), etag)
             except BadEntry as exc:
                 log.error("corrupt entry %s: %s (EIO for that name)", key, exc)
                 corrupt.add(name)
@@ -257,8 +286,7 @@ class Filesystem:
             if content_changed and inode.local_copy:
                 inode.local_copy = False
                 self.cache.untrack_local(ino)
-                if not self._is_open(ino):
-                    self.staging.remove(ino)
+                self._drop_version_if_unused(ino, inode.ver)
             self.ns.save(inode)
             if content_changed:
                 self.invalidate(ino)
@@ -351,12 +379,12 @@ class Filesystem:
                       id=dir_id, staged=self.config.profiles.staged_on_create(name))
         key = entry_key(parent_inode.dir_id, name)
         created = await self._store(self.store.put_if_absent, key, entry.to_json())
-        etag = ""
+        etag = created or ""
         if not created:
             # Another node (or process) won the race: adopt its directory.
             try:
                 body, etag = await self._store(self.store.get, key)
-                entry = Entry.from_json(body, self.config.chunk_size)
+                entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except (NotFound, BadEntry) as exc:
                 raise FsError(errno.EIO, f"mkdir race on {key}: {exc}") from None
             if entry.type != "dir":
@@ -408,11 +436,15 @@ class Filesystem:
             return handle, self.ns.get(existing)
         self._dir(parent)
         self._touch_dir(parent)
-        inode = self.ns.new_inode(parent, name, "file", mode, uid, gid, dirty=True,
-                                  local_copy=True)
-        self.staging.create_empty(inode.ino)
+        # A new name has no closed version until its writer's close: if the writer is
+        # killed, the name goes again.
+        inode = self.ns.new_inode(parent, name, "file", mode, uid, gid, max_ver=1)
+        rt = self._rt(inode.ino)
+        session = self._start_session(inode, rt, 1)
+        self.staging.create_empty(inode.ino, 1)
+        session.tracker.reset()
+        session.wrote = True  # creating the file is a change worth publishing
         handle = self._new_handle(inode, opener, writable=True)
-        handle.wrote = True  # creating the file is a change worth publishing
         self._mark_parent_changed(self.ns.get(parent))
         return handle, inode
 
@@ -424,13 +456,41 @@ class Filesystem:
         rt.handles.add(handle.fh)
         if writable:
             rt.writers += 1
-            if rt.tracker is None:
-                rt.tracker = ChunkTracker(self.config.chunk_size)
-                if inode.size == 0:
-                    rt.tracker.reset()
-                else:
-                    rt.tracker.seq_end = -1
+            handle.session = rt.session
+            rt.session.handles.add(handle.fh)
+        elif rt.session is None:
+            handle.snapshot = self._version_of(inode)
+            if handle.snapshot[0] == "staging":
+                self._ref(rt, handle.snapshot[1])
         return handle
+
+    def _version_of(self, inode: Inode) -> tuple:
+        """The closed version a reader opening now gets."""
+        if inode.dirty or inode.local_copy:
+            return ("staging", inode.ver)
+        return ("chunks", list(inode.chunks), inode.size)
+
+    def _ref(self, rt: Runtime, ver: int) -> None:
+        rt.refs[ver] = rt.refs.get(ver, 0) + 1
+
+    def _unref(self, ino: int, rt: Runtime, ver: int) -> None:
+        n = rt.refs.get(ver, 0) - 1
+        if n > 0:
+            rt.refs[ver] = n
+            return
+        rt.refs.pop(ver, None)
+        self._drop_version_if_unused(ino, ver)
+
+    def _drop_version_if_unused(self, ino: int, ver: int) -> None:
+        """Delete a staging version nobody needs any more: not the inode's current
+        closed version, not a working session, not read or uploaded right now."""
+        rt = self.runtime.get(ino)
+        if rt is not None and (rt.refs.get(ver) or (rt.session and rt.session.ver == ver)):
+            return
+        inode = self.ns.maybe_get(ino)
+        if inode is not None and inode.ver == ver and (inode.dirty or inode.local_copy):
+            return
+        self.staging.remove(ino, ver)
 
     # ------------------------------------------------------------------ open / read / write
 
@@ -442,70 +502,144 @@ class Filesystem:
             raise FsError(errno.EINVAL)
         accmode = flags & os.O_ACCMODE
         writable = accmode in (os.O_WRONLY, os.O_RDWR)
+        truncate = bool(flags & os.O_TRUNC) and writable
         if writable:
-            if flags & os.O_TRUNC:
-                await self._truncate_staging(inode, 0)
-            else:
-                await self._materialize(inode)
-        handle = self._new_handle(inode, opener, writable)
-        if writable and flags & os.O_TRUNC:
-            handle.wrote = True
-        return handle
+            session = await self._join_session(inode, truncate)
+            if truncate:
+                session.wrote = True
+        inode = self.ns.get(ino)
+        if not inode.parent:
+            raise FsError.enoent("removed while opening")
+        return self._new_handle(inode, opener, writable)
+
+    def open_flags(self, handle: Handle) -> tuple[bool, bool]:
+        """(keep_cache, direct_io) for the kernel.  The page cache of an inode is shared
+        by all its handles: a reader that opens a version other than the one the cache
+        may hold drops it (no keep_cache), and while readers of two versions are open,
+        the newer ones bypass it (direct_io) so each reads its own version."""
+        rt = self._rt(handle.ino)
+        if handle.writable or rt.session is not None:
+            rt.page_version = None
+            return False, False
+        version = handle.snapshot[:2] if handle.snapshot[0] == "staging" else \
+            ("chunks", tuple(sha for sha, _ in handle.snapshot[1]))
+        others = {self._snapshot_key(self.handles[fh]) for fh in rt.handles
+                  if fh != handle.fh and fh in self.handles}
+        if others - {version}:
+            return False, True
+        keep = rt.page_version == version
+        rt.page_version = version
+        return keep, False
+
+    @staticmethod
+    def _snapshot_key(handle: Handle) -> object:
+        snap = handle.snapshot
+        if snap[0] == "chunks":
+            return ("chunks", tuple(sha for sha, _ in snap[1]))
+        return snap[:2]
 
     def keep_cache(self, handle: Handle) -> bool:
-        inode = self.ns.get(handle.ino)
-        return not handle.writable and not inode.dirty and not self._writers(inode.ino)
+        return self.open_flags(handle)[0]
 
-    async def _materialize(self, inode: Inode) -> None:
-        """Make sure the staging file holds the file's current content."""
-        if inode.dirty or inode.local_copy:
-            if self.staging.exists(inode.ino):
-                return
-            if inode.dirty:
-                raise FsError(errno.EIO, f"staging file of inode {inode.ino} is gone")
-        fd = self.staging.create_empty(inode.ino)
+    def _start_session(self, inode: Inode, rt: Runtime, ver: int) -> Session:
+        session = rt.session = Session(ver=ver, tracker=ChunkTracker(self.config.chunk_size))
+        session.tracker.seq_end = -1
+        return session
+
+    async def _join_session(self, inode: Inode, truncate: bool) -> Session:
+        """The write session of an inode, started if there is none: a version of its own
+        (empty for O_TRUNC, else a copy of the current content), so the closed version
+        stays as it was until this session's close replaces it."""
+        rt = self._rt(inode.ino)
+        async with rt.session_lock:
+            session = rt.session
+            if session is not None:
+                if truncate:
+                    self._truncate_session(inode, session, 0)
+                return session
+            inode = self.ns.get(inode.ino)
+            ver = inode.max_ver + 1
+            inode.max_ver = ver
+            self.ns.save(inode)
+            if truncate:
+                self.staging.create_empty(inode.ino, ver)
+            elif inode.dirty or inode.local_copy:
+                if not inode.dirty and not rt.refs.get(inode.ver):
+                    # A clean local copy nobody reads: the store has it, take it over.
+                    self.staging.rename_version(inode.ino, inode.ver, ver)
+                    inode.local_copy = False
+                    self.cache.untrack_local(inode.ino)
+                    self.ns.save(inode)
+                else:
+                    self._ref(rt, inode.ver)
+                    try:
+                        await trio.to_thread.run_sync(self.staging.copy, inode.ino,
+                                                      inode.ver, ver)
+                    finally:
+                        self._unref(inode.ino, rt, inode.ver)
+            else:
+                await self._materialize(inode, ver)
+            session = self._start_session(inode, rt, ver)
+            if truncate:
+                session.tracker.reset()
+            inode = self.ns.get(inode.ino)
+            inode.size = self.staging.size(inode.ino, ver)
+            if truncate:
+                inode.mtime_ns = inode.ctime_ns = time.time_ns()
+            self.ns.save(inode)
+            return session
+
+    async def _materialize(self, inode: Inode, ver: int) -> None:
+        """Write a published file's content into staging version ``ver``."""
+        fd = self.staging.create_empty(inode.ino, ver)
+        chunks = list(inode.chunks)
         offset = 0
-        for sha, length in inode.chunks:
+        for sha, length in chunks:
             self.cache.pin(sha)
             try:
                 path = await self.cache.ensure(sha, length)
-                data = path.read_bytes()
+                data = await trio.to_thread.run_sync(path.read_bytes)
             finally:
                 self.cache.unpin(sha)
             os.pwrite(fd, data, offset)
             offset += length
-        inode.local_copy = True
-        self.ns.save(inode)
 
-    async def _truncate_staging(self, inode: Inode, size: int) -> None:
-        if size == 0:
-            self.staging.create_empty(inode.ino)
-            inode.local_copy = True
-        else:
-            await self._materialize(inode)
-            os.ftruncate(self.staging.fd(inode.ino), size)
+    def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
+        os.ftruncate(self.staging.fd(inode.ino, session.ver), size)
         inode.size = size
-        inode.dirty = True
-        self.cache.untrack_local(inode.ino)
         inode.mtime_ns = inode.ctime_ns = time.time_ns()
-        rt = self._rt(inode.ino)
-        self._bump(inode.ino)
-        if rt.tracker is not None:
-            if size == 0:
-                rt.tracker.reset()
-            else:
-                rt.tracker.invalidate_from(size)
+        session.wrote = True
+        if size == 0:
+            session.tracker.reset()
+        else:
+            session.tracker.invalidate_from(size)
         self.ns.save(inode)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         handle = self._handle(fh)
         inode = self.ns.get(handle.ino)
-        if inode.dirty or inode.local_copy:
+        snap = handle.snapshot
+        if handle.writable or snap[0] == "live":
+            rt = self._rt(inode.ino)
+            if rt.session is not None:
+                ver = rt.session.ver
+            elif inode.dirty or inode.local_copy:
+                ver = inode.ver
+            else:
+                return await self._read_remote(handle, list(inode.chunks), inode.size,
+                                               offset, size)
             if offset >= inode.size:
                 return b""
-            if not inode.dirty:
+            return os.pread(self.staging.fd(inode.ino, ver), min(size, inode.size - offset),
+                            offset)
+        if snap[0] == "staging":
+            if not inode.dirty and inode.ver == snap[1]:
                 self.cache.touch_local(inode.ino)
-            return os.pread(self.staging.fd(inode.ino), min(size, inode.size - offset), offset)
+            return os.pread(self.staging.fd(inode.ino, snap[1]), size, offset)
+        return await self._read_remote(handle, snap[1], snap[2], offset, size)
+
+    async def _read_remote(self, handle: Handle, chunks: list, total: int, offset: int,
+                           size: int) -> bytes:
         self.read_requests += 1
         # Concurrent kernel read-ahead requests arrive slightly out of order: "close to
         # where the last read ended" counts as sequential.
@@ -516,15 +650,16 @@ class Filesystem:
         handle.read_end = max(handle.read_end, offset + size) if handle.sequential else \
             offset + size
         window = self.config.readahead_chunks if handle.sequential >= 2 else 1
-        return await self._read_chunks(inode, offset, size, window)
+        return await self._read_chunks(chunks, total, offset, size, window)
 
-    async def _read_chunks(self, inode: Inode, offset: int, size: int, window: int = 1) -> bytes:
-        end = min(offset + size, inode.size)
+    async def _read_chunks(self, chunks: list, total: int, offset: int, size: int,
+                           window: int = 1) -> bytes:
+        end = min(offset + size, total)
         if offset >= end:
             return b""
         wanted = []
         pos = 0
-        for index, (sha, length) in enumerate(inode.chunks):
+        for index, (sha, length) in enumerate(chunks):
             if pos + length > offset and pos < end:
                 wanted.append((pos, sha, length, index))
             pos += length
@@ -540,7 +675,7 @@ class Filesystem:
                     for _, sha, length, _ in wanted:
                         nursery.start_soon(self.cache.ensure, sha, length)
             last_index = wanted[-1][3]
-            for sha, length in inode.chunks[last_index + 1:last_index + 1 + window]:
+            for sha, length in chunks[last_index + 1:last_index + 1 + window]:
                 if not self.cache.has(sha) and not self.cache.fetching(sha):
                     self.nursery.start_soon(self._readahead, sha, length)
             parts = []
@@ -559,40 +694,46 @@ class Filesystem:
         except Exception as exc:  # a reader that needs it will see the error
             log.debug("read-ahead of %s failed: %s", sha[:12], exc)
 
-    def write(self, fh: int, offset: int, data: bytes) -> int:
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
         handle = self._handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF)
+        rt = self._rt(handle.ino)
+        session = rt.session
+        if session is None or handle.session is not session:
+            # The version this handle wrote was closed (e.g. a forked child writes on
+            # after its parent's close): later writes start a new version.
+            inode = self.ns.get(handle.ino)
+            session = await self._join_session(inode, truncate=False)
+            if handle.session is not None:
+                handle.session.handles.discard(fh)
+            handle.session = session
+            session.handles.add(fh)
         inode = self.ns.get(handle.ino)
         try:
-            written = os.pwrite(self.staging.fd(inode.ino), data, offset)
+            written = os.pwrite(self.staging.fd(inode.ino, session.ver), data, offset)
         except OSError as exc:
-            handle.failed = exc.errno or errno.EIO
+            handle.failed = session.failed = exc.errno or errno.EIO
             log.error("write to staging of inode %d failed: %s", inode.ino, exc)
             raise FsError(exc.errno or errno.EIO, "staging write failed") from None
-        handle.wrote = True
+        handle.wrote = session.wrote = True
         self.write_requests += 1
         self.last_write = time.monotonic()
-        rt = self._rt(inode.ino)
-        self._bump(inode.ino)
-        if not inode.dirty:
-            inode.dirty = True
-            self.cache.untrack_local(inode.ino)
-            self.ns.save(inode)
         if offset + written > inode.size:
             inode.size = offset + written
         inode.mtime_ns = time.time_ns()
-        tracker = rt.tracker
-        if tracker is not None:
-            for index in tracker.note_write(offset, written):
-                pending = tracker.start(index)
-                self.nursery.start_soon(self._pipeline_chunk, inode.ino, index, pending)
+        tracker = session.tracker
+        for index in tracker.note_write(offset, written):
+            pending = tracker.start(index)
+            self.nursery.start_soon(self._pipeline_chunk, inode.ino, session.ver, index,
+                                    pending)
         return written
 
-    async def _pipeline_chunk(self, ino: int, index: int, pending) -> None:
+    async def _pipeline_chunk(self, ino: int, ver: int, index: int, pending) -> None:
         try:
             size = self.config.chunk_size
-            pending.result = await self.uploader.upload(self.staging.path(ino), index * size, size)
+            pending.result = await self.uploader.upload(self.staging.path(ino, ver),
+                                                        index * size, size)
         except Exception as exc:  # flush uploads it again and reports the error
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
         finally:
@@ -622,25 +763,48 @@ class Filesystem:
     # ------------------------------------------------------------------ close and publish
 
     async def flush(self, fh: int) -> None:
+        """Every ``close()`` of a descriptor.  The working version becomes the file's
+        closed version only at a close its writer meant (DESIGN.md promise 2): not a
+        killed or failing writer's, not a forked child's or a subprocess's copy while
+        the opener still holds the file, not a structurally incomplete checkpoint."""
         handle = self._handle(fh)
         if not handle.writable:
             return
+        rt = self._rt(handle.ino)
+        session = handle.session
+        if session is None or rt.session is not session:
+            return  # that version was closed (or abandoned) by an earlier close
         inode = self.ns.get(handle.ino)
-        if handle.failed:
-            self._abandon_if_alone(inode, handle, "a write on it failed", keep=False)
+        if session.failed:
+            self._abandon(inode, "a write on it failed", keep=False)
+            await self.drop_stale_entries()
             # Report the write's own error again at close (as NFS does), e.g. ENOSPC.
-            raise FsError(handle.failed, "not published: an earlier write failed")
-        if not inode.dirty:
-            return
+            raise FsError(session.failed, "not published: an earlier write failed")
         if died_unclean(handle.opener):
-            if not handle.wrote:
-                return  # it changed nothing: whatever is pending was closed by others
-            log.warning("writer %d of %s was killed; keeping it staged, unpublished",
+            if len(session.handles) > 1:
+                return  # other handles still write: their close decides
+            log.warning("writer %d of %s was killed; nothing published",
                         handle.opener.tgid, self._path_for_log(inode))
-            self._abandon_if_alone(inode, handle, "its writer was killed")
+            self._abandon(inode, "its writer was killed")
+            await self.drop_stale_entries()
             return
-        inode.size = self.staging.size(inode.ino)
-        self.ns.save(inode)
+        if self._opener_still_holds(handle):
+            return  # a copy's close (fork, subprocess, dup): the opener's close decides
+        if len(session.handles) > 1:
+            return  # another open writable handle: the last one's close decides
+        if not session.wrote:
+            self._end_session_unchanged(inode, rt, session)
+            return
+        size = self.staging.size(inode.ino, session.ver)
+        reason = await self._incomplete_reason(inode, session.ver, size)
+        if rt.session is not session:
+            return
+        if reason is not None:
+            log.error("%s not published: incomplete %s", self._path_for_log(inode), reason)
+            self._abandon(inode, f"it is incomplete ({reason})")
+            await self.drop_stale_entries()
+            raise FsError(errno.EIO, f"incomplete checkpoint file: {reason}")
+        self._commit(inode, rt, session, size)
         if self.config.durability == "async":
             self._journal_publish(inode)
             self._seals_after_close(inode, wait=False)
@@ -648,54 +812,118 @@ class Filesystem:
         await self.publish_now(inode.ino)
         await self._seals_after_close(inode, wait=True)
 
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        handle = self._handle(fh)
-        inode = self.ns.get(handle.ino)
-        if not handle.writable or not inode.dirty:
-            return
-        if handle.failed:
-            raise FsError(handle.failed, "an earlier write failed")
-        fd = self.staging.fd(inode.ino)
-        await trio.to_thread.run_sync(os.fsync, fd)
-        inode.size = self.staging.size(inode.ino)
+    async def drop_stale_entries(self) -> None:
+        """Tell the kernel to forget names this node removed by itself (a killed
+        writer's new file), before the request that removed them returns: re-creating
+        the name at once must not meet a cached dentry of the dead inode."""
+        while self._stale_entries:
+            parent, name = self._stale_entries.pop()
+            if self.invalidate_entry is not None:
+                await self.invalidate_entry(parent, name)
+
+    def _opener_still_holds(self, handle: Handle) -> bool:
+        if self.mount_device is None:
+            return False
+        return holds_for_writing(handle.opener.tgid, handle.ino, self.mount_device)
+
+    async def _incomplete_reason(self, inode: Inode, ver: int, size: int) -> str | None:
+        if self.check_complete is None or size == 0:
+            return None
+        fd = self.staging.fd(inode.ino, ver)
+        return await trio.to_thread.run_sync(self.check_complete, fd, size)
+
+    def _commit(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
+        """The working version becomes the closed version (no await: one step)."""
+        old = inode.ver if (inode.dirty or inode.local_copy) else None
+        rt.trackers.pop(inode.ver, None)
+        inode.ver = session.ver
+        inode.dirty = True
+        inode.local_copy = True
+        inode.size = size
+        self.cache.untrack_local(inode.ino)
+        rt.session = None
+        rt.trackers[session.ver] = session.tracker
         self.ns.save(inode)
-        if self.config.durability == "async":
-            self._journal_publish(inode)
-            self.ns.sync()
+        if old is not None and old != inode.ver:
+            self._drop_version_if_unused(inode.ino, old)
+        self.invalidate(inode.ino)
+
+    def _end_session_unchanged(self, inode: Inode, rt: Runtime, session: Session) -> None:
+        """Opened for writing, nothing written: the closed version stays as it was."""
+        rt.session = None
+        self.staging.remove(inode.ino, session.ver)
+        self._restore_size(inode)
+
+    def _restore_size(self, inode: Inode) -> None:
+        if inode.dirty or inode.local_copy:
+            try:
+                inode.size = self.staging.size(inode.ino, inode.ver)
+            except FsError:
+                inode.size = inode.published_size
+        else:
+            inode.size = inode.published_size
+        self.ns.save(inode)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        """Durability of the bytes written so far, never a publish: the name changes at
+        the close (sync: the chunks are in the store; async: staged on local disk)."""
+        handle = self._handle(fh)
+        if not handle.writable:
             return
-        await self.publish_now(inode.ino)
+        session = handle.session
+        rt = self._rt(handle.ino)
+        if session is None or rt.session is not session:
+            return
+        if session.failed:
+            raise FsError(session.failed, "an earlier write failed")
+        fd = self.staging.fd(handle.ino, session.ver)
+        await trio.to_thread.run_sync(os.fsync, fd)
+        self.ns.sync()
+        if self.config.durability == "sync":
+            size = self.staging.size(handle.ino, session.ver)
+            self._ref(rt, session.ver)
+            try:
+                await chunk_list(self.uploader, session.tracker,
+                                 self.staging.path(handle.ino, session.ver), size,
+                                 self.config.chunk_size)
+            except StoreError as exc:
+                raise FsError(errno.EIO, f"upload failed: {exc}") from None
+            finally:
+                self._unref(handle.ino, rt, session.ver)
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino not in self.queue.queued:
             self.ns.journal_add({"op": "publish", "ino": inode.ino})
+        self.ns.sync()
         self.queue.submit(inode.ino)
 
-    def _abandon_if_alone(self, inode: Inode, handle: Handle, why: str, keep: bool = True) -> None:
-        """Keep a torn version out of sight: move its staging file aside (for ``ckptfs
-        gc``; dropped at once when ``keep`` is false, e.g. after ENOSPC) and show the last
-        published version again, or nothing if there never was one."""
+    def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
+        """Keep a working version out of sight: move its staging file aside (for
+        ``ckptfs gc``; dropped at once when ``keep`` is false, e.g. after ENOSPC) and
+        show the last closed version again, or nothing if there never was one."""
         rt = self._rt(inode.ino)
-        if rt.writers > 1:
+        session = rt.session
+        if session is None:
             return
-        self._bump(inode.ino)  # a publish in flight must not write these bytes' entry
+        rt.session = None
         if keep:
-            kept = self.staging.abandon(inode.ino)
+            kept = self.staging.abandon(inode.ino, session.ver)
             log.warning("%s left unpublished because %s; staged bytes kept at %s",
                         self._path_for_log(inode), why, kept)
         else:
-            self.staging.remove(inode.ino)
+            self.staging.remove(inode.ino, session.ver)
             log.warning("%s left unpublished because %s", self._path_for_log(inode), why)
-        handle.wrote = False
-        inode.dirty = False
-        inode.local_copy = False
-        if rt.tracker is not None:
-            rt.tracker.reset()
-        if inode.published:
-            inode.size = inode.published_size
-            self.ns.save(inode)
+        for fh in session.handles:
+            handle = self.handles.get(fh)
+            if handle is not None:
+                handle.wrote = False
+        if inode.published or inode.dirty:
+            self._restore_size(inode)
         elif inode.parent:
-            self._touch_dir(inode.parent)
+            parent = inode.parent
+            self._touch_dir(parent)
             self.ns.unlink(inode)
+            self._stale_entries.append((parent, inode.name))
         self.invalidate(inode.ino)
 
     def _path_for_log(self, inode: Inode) -> str:
@@ -705,14 +933,13 @@ class Filesystem:
             return f"<inode {inode.ino}>"
 
     async def publish_now(self, ino: int) -> None:
-        """Upload a dirty file's chunks and write its entry; on failure, queue a retry
-        and raise EIO."""
+        """Upload a closed version's chunks and write its entry; on failure, queue a
+        retry and raise EIO."""
         try:
             for _ in range(3):
                 if await self._publish(ino):
                     return
-            # Still being rewritten by another handle: its close publishes; keep it
-            # queued so nothing closed is left behind.
+            # Closed again meanwhile: keep it queued so nothing closed is left behind.
             inode = self.ns.maybe_get(ino)
             if inode is not None and inode.dirty:
                 self._journal_publish(inode)
@@ -726,39 +953,45 @@ class Filesystem:
     async def _publish_from_queue(self, ino: int) -> bool:
         if not await self._publish(ino):
             return False  # changed meanwhile: the queue sends it round again
+        self._journal_done_publish(ino)
+        return True
+
+    def _journal_done_publish(self, ino: int) -> None:
         for seq, record in self.ns.journal():
             if record.get("op") == "publish" and record.get("ino") == ino:
                 self.ns.journal_done(seq)
-        return True
 
     async def _publish(self, ino: int) -> bool:
-        """Publish the staging file's current content.  True when the inode is clean
-        afterwards; False when it was changed while uploading (nothing was written to
+        """Publish the inode's closed version.  True when the inode is clean afterwards;
+        False when a newer version was closed while uploading (nothing was written to
         the store then: the caller publishes again)."""
         inode = self.ns.maybe_get(ino)
         if inode is None or not inode.dirty or not inode.parent:
             return True
         rt = self._rt(ino)
         started = time.monotonic()
-        generation = self._write_gen.get(ino, 0)
-        tracker = rt.tracker
-        size = self.staging.size(ino)
+        ver = inode.ver
+        tracker = rt.trackers.get(ver)
+        self._ref(rt, ver)
         try:
-            chunks = await chunk_list(self.uploader, tracker, self.staging.path(ino), size,
-                                      self.config.chunk_size)
+            size = self.staging.size(ino, ver)
+            chunks = await chunk_list(self.uploader, tracker, self.staging.path(ino, ver),
+                                      size, self.config.chunk_size)
         except StoreError as exc:
             self.uploader.stats.publish_failures += 1
             raise FsError(errno.EIO, f"upload failed: {exc}") from None
         except OSError as exc:
             self.uploader.stats.publish_failures += 1
             raise FsError(exc.errno or errno.EIO, f"upload failed: {exc}") from None
+        finally:
+            self._unref(ino, rt, ver)
         rt = self._rt(ino)
         async with rt.lock:
             inode = self.ns.maybe_get(ino)
             if inode is None or not inode.parent or not inode.dirty:
                 return True
-            if self._write_gen.get(ino, 0) != generation:
-                log.debug("inode %d changed while uploading; publishing again", ino)
+            if inode.ver != ver:
+                log.debug("inode %d closed again while uploading; publishing again", ino)
                 return False
             previous = inode.chunks
             inode.chunks = chunks
@@ -768,17 +1001,16 @@ class Filesystem:
                 inode.chunks = previous
                 self.uploader.stats.publish_failures += 1
                 raise
-            clean = self._write_gen.get(ino, 0) == generation
-            if clean:
-                inode.dirty = False
-                inode.local_copy = self.staging.exists(ino)
-                if inode.local_copy:
-                    self.cache.track_local(ino, size)
+            inode.dirty = False
+            rt.trackers.pop(ver, None)
+            inode.local_copy = self.staging.exists(ino, ver)
+            if inode.local_copy and rt.session is None:
+                self.cache.track_local(ino, size)
             self.ns.save(inode)
         self.uploader.stats.publishes += 1
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
-        return clean
+        return True
 
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
@@ -786,29 +1018,39 @@ class Filesystem:
             return
         rt = self._rt(handle.ino)
         rt.handles.discard(fh)
+        inode = self.ns.maybe_get(handle.ino)
         if handle.writable:
             rt.writers -= 1
-        inode = self.ns.maybe_get(handle.ino)
-        if not rt.handles:
-            self.staging.close_fd(handle.ino)
-            if rt.writers == 0:
-                rt.tracker = None
-            if inode is not None and not inode.parent:
+            session = handle.session
+            if session is not None:
+                session.handles.discard(fh)
+                if rt.session is session and not session.handles and inode is not None:
+                    # No close meant it (every flush passed it on): never published.
+                    self._abandon(inode, "no writer closed it for good")
+                    await self.drop_stale_entries()
+        elif handle.snapshot[0] == "staging":
+            self._unref(handle.ino, rt, handle.snapshot[1])
+        if not rt.handles and inode is not None:
+            if not inode.parent:
                 self._delete_inode(inode)
-            elif inode is not None and inode.dirty and not rt.writers \
-                    and inode.ino not in self.queue.queued and handle.wrote:
-                # Closed but not yet published (e.g. flush failed): keep trying.
+            elif inode.dirty and inode.ino not in self.queue.queued and handle.wrote \
+                    and rt.session is None:
+                # Closed but not yet published (e.g. the publish failed): keep trying.
                 self._journal_publish(inode)
         self._drop_rt(handle.ino)
 
     def _delete_inode(self, inode: Inode) -> None:
         self.cache.untrack_local(inode.ino)
-        self.staging.remove(inode.ino)
+        rt = self.runtime.get(inode.ino)
+        if rt is not None:
+            rt.trackers.clear()
+        for ino, ver in self.staging.versions():
+            if ino == inode.ino and not (rt and (rt.refs.get(ver) or
+                                                 (rt.session and rt.session.ver == ver))):
+                self.staging.remove(ino, ver)
         self.ns.delete_inode(inode.ino)
         self.queue.discard(inode.ino)
-        for seq, record in self.ns.journal():
-            if record.get("op") == "publish" and record.get("ino") == inode.ino:
-                self.ns.journal_done(seq)
+        self._journal_done_publish(inode.ino)
 
     # ------------------------------------------------------------------ attributes
 
@@ -822,28 +1064,59 @@ class Filesystem:
                 raise FsError(errno.EISDIR)
             if inode.type != "file":
                 raise FsError(errno.EINVAL)
-            if size != inode.size or inode.dirty:
-                await self._truncate_staging(inode, size)
-        if mode is not None:
-            inode.mode = mode & 0o7777
-        if uid is not None:
-            inode.uid = uid
-        if gid is not None:
-            inode.gid = gid
-        if atime_ns is not None:
-            inode.atime_ns = atime_ns
-        if mtime_ns is not None:
-            inode.mtime_ns = mtime_ns
-        inode.ctime_ns = time.time_ns()
-        self.ns.save(inode)
-        if inode.dirty and self._writers(ino):
-            return inode  # the open writer's close publishes everything together
-        if inode.dirty:
+            await self._set_size(inode, size)
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            if mode is not None:
+                inode.mode = mode & 0o7777
+            if uid is not None:
+                inode.uid = uid
+            if gid is not None:
+                inode.gid = gid
+            if atime_ns is not None:
+                inode.atime_ns = atime_ns
+            if mtime_ns is not None:
+                inode.mtime_ns = mtime_ns
+            inode.ctime_ns = time.time_ns()
+            self.ns.save(inode)
+            # Attributes ride with the next publish of a closed version; a working
+            # version is never published by a metadata change.
+            metadata = mode is not None or uid is not None or gid is not None \
+                or mtime_ns is not None
+            if metadata and inode.published and not inode.dirty and inode.parent \
+                    and ino != ROOT_INO:
+                await self._rewrite_entry(inode)
+        self._drop_rt(ino)
+        inode = self.ns.get(ino)
+        if inode.dirty and self.config.durability == "sync" and rt.session is None \
+                and ino not in self.queue.queued:
             await self.publish_now(ino)
-        elif inode.published and inode.parent and ino != ROOT_INO:
-            if mode is not None or uid is not None or gid is not None or mtime_ns is not None:
-                await self._put_entry(inode)
         return inode
+
+    async def _set_size(self, inode: Inode, size: int) -> None:
+        """truncate/ftruncate: inside an open write session it changes the working
+        version; otherwise it is a whole change of its own (a new closed version)."""
+        rt = self._rt(inode.ino)
+        if rt.session is not None:
+            self._truncate_session(inode, rt.session, size)
+            return
+        if size == inode.size and not inode.dirty:
+            return
+        session = await self._join_session(inode, truncate=(size == 0))
+        inode = self.ns.get(inode.ino)
+        if rt.session is not session:
+            return
+        if size:
+            self._truncate_session(inode, session, size)
+        session.wrote = True
+        if session.handles:
+            return  # a writer joined meanwhile: its close publishes
+        self._commit(inode, rt, session, size)
+        if self.config.durability == "async":
+            self._journal_publish(inode)
+        else:
+            await self.publish_now(inode.ino)
 
     # ------------------------------------------------------------------ removing names
 
@@ -876,7 +1149,6 @@ class Filesystem:
             self._touch_dir(parent.ino)
             self.ns.unlink(inode)
             self._mark_parent_changed(parent)
-            self._bump(inode.ino)
         self._drop_rt(inode.ino)
         if not self._is_open(inode.ino):
             self._delete_inode(inode)
@@ -940,40 +1212,27 @@ class Filesystem:
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
                              new_name: bytes, target: Inode | None) -> None:
         """The store steps and the namespace move, under the locks of the renamed inode
-        and of the one it replaces (a publish of either finishes first)."""
+        and of the one it replaces (a publish of either finishes first), taken in inode
+        order so two crossing renames cannot deadlock."""
+        inos = sorted({inode.ino} | ({target.ino} if target is not None else set()))
         async with AsyncExitStack() as locks:
-            await locks.enter_async_context(self._rt(inode.ino).lock)
-            if target is not None and target.ino != inode.ino:
-                await locks.enter_async_context(self._rt(target.ino).lock)
+            for ino in inos:
+                await locks.enter_async_context(self._rt(ino).lock)
             inode = self.ns.get(inode.ino)
+            if not inode.parent:
+                raise FsError.enoent("removed while renaming")
             old_dir = self.ns.get(inode.parent)
             old_key = entry_key(old_dir.dir_id, inode.name)
             new_key = entry_key(new_dir.dir_id, new_name)
-            was_staged = inode.staged
-            inode.staged = False  # a rename seals a staged directory
             if inode.published:
-                # Journal both halves first: a crash in between is finished on restart,
-                # so a reader may briefly see both names, never neither.
-                body = self._entry_of(inode).to_json()
-                seq = self.ns.journal_add({"op": "rename", "put": new_key,
-                                           "body": body.decode(), "delete": old_key})
-                self.ns.sync()
-                try:
-                    etag = await self._store(self.store.put, new_key, body)
-                except BaseException:
-                    inode.staged = was_staged
-                    self.ns.journal_done(seq)
-                    raise
-                await self._store(self.store.delete, old_key)
-                self.ns.journal_done(seq)
-                inode.remote_etag = etag
+                await self._move_entry(inode, old_key, new_key)
             elif target is not None and target.published:
                 await self._store(self.store.delete, new_key)
+            inode.staged = False  # a rename seals a staged directory
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)
                 self.ns.unlink(replaced)
-                self._bump(replaced.ino)
                 if not self._is_open(replaced.ino):
                     self._delete_inode(replaced)
             self.ns.move(inode, new_parent, new_name)
@@ -983,29 +1242,157 @@ class Filesystem:
         if target is not None:
             self._drop_rt(target.ino)
 
+    async def _move_entry(self, inode: Inode, old_key: str, new_key: str) -> None:
+        """Move a published entry between keys, safe against other nodes (decision
+        0003): read the entry as the store has it, *claim* it with a compare-and-swap on
+        its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
+        under the new key, then delete the old key only if it is still our claim (a
+        newer version another node wrote there meanwhile stays)."""
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            self._adopt_newer(inode, entry, etag)
+            claim = self._entry_of(inode)
+            claim.moving_to, claim.moving_at = new_key, time.time()
+            try:
+                claim_etag = await self._store(
+                    functools.partial(self.store.put, old_key, claim.to_json(),
+                                      if_match=etag))
+                break
+            except PreconditionFailed:
+                continue  # changed under us: read it again
+        else:
+            raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
+        moved = self._entry_of(inode)
+        moved.staged = False
+        body = moved.to_json()
+        # Journal the rest: a crash from here on is finished on restart, so a reader may
+        # briefly see both names, never neither.
+        seq = self.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
+                                   "delete": old_key, "claim": claim_etag})
+        self.ns.sync()
+        try:
+            new_etag = await self._store(self.store.put, new_key, body)
+        except BaseException:
+            self.ns.journal_done(seq)  # the claim expires; the old name stays valid
+            raise
+        await self._delete_claimed(old_key, claim_etag)
+        self.ns.journal_done(seq)
+        inode.remote_etag = new_etag
+
+    async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
+        try:
+            await self._store(functools.partial(self.store.delete, old_key,
+                                                if_match=claim_etag))
+        except PreconditionFailed:
+            log.info("%s was written again by another node during a rename: that newer "
+                     "version stays under the old name", old_key)
+
+    async def _current_entry(self, inode: Inode, key: str) -> tuple[Entry, str]:
+        """The store's entry for a name this node has, checked to be the same object
+        (a directory with the same id, an entry of the same type)."""
+        try:
+            body, etag = await self._store(self.store.get, key)
+        except NotFound:
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} was renamed or removed by another node") from None
+        try:
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise FsError(errno.EIO, f"corrupt entry {key}: {exc}") from None
+        if entry.type != inode.type or (inode.type == "dir" and entry.id != inode.dir_id):
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} now names another object")
+        return entry, etag
+
+    def _adopt_newer(self, inode: Inode, entry: Entry, etag: str) -> None:
+        """Take the store's version of a file another node published after our view of
+        it (never move or rewrite a stale version).  A version closed here and not yet
+        published stays: its publish comes later and is the newest."""
+        if etag == inode.remote_etag:
+            return
+        inode.remote_etag = etag
+        if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
+            inode.chunks, inode.size = list(entry.chunks), entry.size
+            inode.mtime_ns = entry.mtime_ns
+            if inode.local_copy:
+                inode.local_copy = False
+                self.cache.untrack_local(inode.ino)
+                self._drop_version_if_unused(inode.ino, inode.ver)
+            self.invalidate(inode.ino)
+        self.ns.save(inode)
+
+    async def _rewrite_entry(self, inode: Inode) -> None:
+        """Rewrite a published entry's metadata (attributes, seal) as a compare-and-swap
+        on the ETag we know: if another node changed it meanwhile we take its version
+        and apply ours again; if it was renamed or removed, ENOENT — never resurrect an
+        old name, never overwrite a newer file version with a stale one."""
+        key = entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+        etag = inode.remote_etag
+        for _ in range(8):
+            if etag is None:
+                entry, etag = await self._current_entry(inode, key)
+                if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                    raise FsError.enoent(f"{key} is being renamed by another node")
+                self._adopt_newer(inode, entry, etag)
+            try:
+                inode.remote_etag = await self._store(
+                    functools.partial(self.store.put, key, self._entry_of(inode).to_json(),
+                                      if_match=etag))
+                inode.published = True
+                self.ns.save(inode)
+                return
+            except PreconditionFailed:
+                etag = None
+        raise FsError(errno.EIO, f"{key} keeps changing; not rewritten")
+
     def _evict_local_copy(self, ino: int) -> bool:
         inode = self.ns.maybe_get(ino)
         if inode is None:
             return True
         if inode.dirty or self._is_open(ino) or ino in self.queue.queued:
             return False
-        self.staging.remove(ino)
         inode.local_copy = False
         self.ns.save(inode)
+        self._drop_version_if_unused(ino, inode.ver)
         return True
 
     # ------------------------------------------------------------------ recovery
 
     async def start(self) -> None:
-        """Finish an earlier run's work and account its local copies in the cache."""
+        """Finish an earlier run's work and account its local copies in the cache.
+
+        A working version that was open for writing when the daemon stopped was never
+        closed: it is abandoned (kept under ``abandoned/``), and a name that had no
+        closed version at all goes, so nothing unclosed can be published later."""
         self.cache.evict_local = self._evict_local_copy
+        closed: set[tuple[int, int]] = set()
         for inode in self.ns.all_inodes():
-            if inode.type == "file" and inode.local_copy and not inode.dirty:
-                if self.staging.exists(inode.ino):
-                    self.cache.track_local(inode.ino, self.staging.size(inode.ino))
-                else:
-                    inode.local_copy = False
-                    self.ns.save(inode)
+            if inode.type != "file":
+                continue
+            if inode.dirty or inode.local_copy:
+                if self.staging.exists(inode.ino, inode.ver):
+                    closed.add((inode.ino, inode.ver))
+                    if not inode.dirty:
+                        self.cache.track_local(inode.ino,
+                                               self.staging.size(inode.ino, inode.ver))
+                    self._restore_size(inode)
+                    continue
+                if inode.dirty:
+                    log.error("closed version of %s is missing from staging",
+                              self._path_for_log(inode))
+                inode.dirty = inode.local_copy = False
+            if not inode.published and inode.parent:
+                log.warning("%s was open for writing when the daemon stopped and never "
+                            "closed: removed", self._path_for_log(inode))
+                self.ns.unlink(inode)
+            self._restore_size(inode)
+        for ino, ver in self.staging.versions():
+            if (ino, ver) not in closed:
+                kept = self.staging.abandon(ino, ver)
+                log.warning("staging version %d.%d was open for writing when the daemon "
+                            "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
 
     async def replay_journal(self) -> None:
@@ -1014,15 +1401,18 @@ class Filesystem:
             op = record.get("op")
             if op == "rename":
                 await self._store(self.store.put, record["put"], record["body"].encode())
-                await self._store(self.store.delete, record["delete"])
+                if record.get("claim"):
+                    await self._delete_claimed(record["delete"], record["claim"])
+                else:
+                    await self._store(self.store.delete, record["delete"])
                 self.ns.journal_done(seq)
                 log.info("finished an interrupted rename to %s", record["put"])
             elif op == "publish":
                 inode = self.ns.maybe_get(record["ino"])
-                if inode is None or not inode.dirty or not self.staging.exists(inode.ino):
+                if inode is None or not inode.dirty or \
+                        not self.staging.exists(inode.ino, inode.ver):
                     self.ns.journal_done(seq)
                     continue
-                inode.size = self.staging.size(inode.ino)
                 self.queue.submit(inode.ino)
             else:
                 log.error("unknown journal record %r dropped", record)
@@ -1054,7 +1444,7 @@ class Filesystem:
             targets.append(parent.ino)
         if profiles.is_pointer(inode.name) and inode.size <= 4096:
             try:
-                content = os.pread(self.staging.fd(inode.ino), 4096, 0)
+                content = os.pread(self.staging.fd(inode.ino, inode.ver), 4096, 0)
             except (OSError, FsError):
                 content = b""
             for name in profiles.pointed_names(inode.name, content):
@@ -1099,7 +1489,7 @@ class Filesystem:
                 return False
             inode.staged = False
             try:
-                await self._put_entry(inode)
+                await self._rewrite_entry(inode)
             except BaseException:
                 inode.staged = True
                 self.ns.save(inode)
@@ -1159,7 +1549,8 @@ class Filesystem:
         inode = self.ns.get(ino)
         if inode.ino in self.queue.queued:
             return "uploading"
-        if inode.dirty:
+        rt = self.runtime.get(ino)
+        if inode.dirty or (rt is not None and rt.session is not None):
             return "staged"
         if inode.type == "file" and not inode.local_copy and inode.chunks and \
                 all(self.cache.has(sha) for sha, _ in inode.chunks):

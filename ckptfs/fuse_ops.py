@@ -143,7 +143,8 @@ class FuseOps(pyfuse3.Operations):
     @_errors
     async def open(self, inode, flags, ctx):
         handle = await self.fs.open(inode, flags, Opener.from_tid(ctx.pid))
-        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=self.fs.keep_cache(handle))
+        keep_cache, direct_io = self.fs.open_flags(handle)
+        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=keep_cache, direct_io=direct_io)
 
     @_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -157,7 +158,7 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def write(self, fh, off, buf):
-        return self.fs.write(fh, off, buf)
+        return await self.fs.write(fh, off, buf)
 
     @_errors
     async def flush(self, fh):

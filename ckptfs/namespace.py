@@ -54,7 +54,9 @@ class Inode:
     chunks: list[tuple[str, int]] = field(default_factory=list)   # published content
     published: bool = False         # an entry for this inode exists in the store
     dirty: bool = False             # the staging file is newer than ``chunks``
-    local_copy: bool = False        # the staging file holds the current content
+    local_copy: bool = False        # the staging file of ``ver`` holds the content
+    ver: int = 0                    # staging version of the last closed content
+    max_ver: int = 0                # highest staging version handed out
     remote_etag: str | None = None  # ETag of our entry as last written or seen
     dir_id: str | None = None       # directories: the id their entries live under
     target: bytes | None = None     # symlinks

@@ -8,6 +8,8 @@ status in ``exit_code`` did not mean to close.  Knows nothing of files or FUSE.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 PF_EXITING = 0x4
@@ -65,3 +67,88 @@ def died_unclean(opener: Opener) -> bool:
             return False
         return (code & 0x7F) != 0 or (code >> 8) != 0
     return False  # nobody left to ask: someone who inherited the descriptor closed it
+
+
+def holds_for_writing(pid: int, ino: int, device: bytes) -> bool:
+    """Does process ``pid`` still hold a descriptor open for writing on inode ``ino`` of
+    our mount (``device``: its ``major:minor`` in mountinfo)?  A FLUSH comes at every
+    close: a forked child's, a ``subprocess`` closing its close-on-exec copy, a dup's.
+    Only the opener's last close is a close it meant.
+
+    Works in the process's own mount namespace (a container's bind mount of the mount
+    point at another path has another mount id and path): the mount points of our
+    device come from ``/proc/<pid>/mountinfo``, descriptors from ``/proc/<pid>/fd``
+    (link targets are names the kernel already has: no request to our own mount), and
+    ``fdinfo`` (``mnt_id``, ``ino``, ``flags``) is read only for descriptors under them."""
+    mounts = _mounts_of_device(pid, device)
+    if not mounts:
+        return False
+    prefixes = [mp.rstrip(b"/") + b"/" for mp in mounts.values()]
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(os.fsencode(f"{fd_dir}/{fd}"))
+        except OSError:
+            continue
+        if not any(target.startswith(p) for p in prefixes):
+            continue
+        info = _fdinfo(pid, fd)
+        if info is None or info.get(b"mnt_id") not in mounts or info.get(b"ino") != ino:
+            continue
+        if info.get(b"flags", 0) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+            return True
+    return False
+
+
+def _mounts_of_device(pid: int | str, device: bytes) -> dict[int, bytes]:
+    try:
+        with open(f"/proc/{pid}/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and fields[2] == device:
+            out[int(fields[0])] = _unescape(fields[4])
+    return out
+
+
+def _fdinfo(pid: int, fd: str) -> dict[bytes, int] | None:
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    out: dict[bytes, int] = {}
+    for line in raw.splitlines():
+        key, _, value = line.partition(b":")
+        try:
+            out[key] = int(value.strip(), 8) if key == b"flags" else int(value.strip())
+        except ValueError:
+            continue
+    return out
+
+
+def device_of_mount(mount_path: bytes) -> bytes | None:
+    """``major:minor`` of the mount at ``mount_path`` in this process's namespace, from
+    ``/proc/self/mountinfo`` (never a stat of the mount itself: that would ask us)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and _unescape(fields[4]) == mount_path:
+            found = fields[2]   # the last one wins: the mount on top
+    return found
+
+
+def _unescape(field: bytes) -> bytes:
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import re
 import stat
+import uuid
 from dataclasses import dataclass, field
 
 ROOT_DIR_ID = "root"
 FORMAT_KEY = "ckptfs.json"
 FORMAT_VERSION = 1
+# Entries may name chunks up to this size whatever this node's own chunk size: every
+# node reads files written with any chunk size.
+MAX_CHUNK_SIZE = 64 << 20
 _DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _TYPES = ("file", "dir", "symlink")
@@ -91,11 +95,24 @@ class Entry:
     id: str | None = None           # a directory's id
     target: bytes | None = None     # a symlink's target
     staged: bool = False
+    # A rename in progress (decision 0003): the key this entry is being moved to and
+    # when the move was claimed (the claiming node's wall clock).
+    moving_to: str | None = None
+    moving_at: float = 0.0
+
+    def claim_is_live(self, now: float, ttl: float) -> bool:
+        return self.moving_to is not None and now - self.moving_at < ttl
 
     def to_json(self) -> bytes:
+        # ``rev`` makes every PUT's body unique, so an ETag (the body's MD5 on S3) never
+        # repeats: a compare-and-swap against an old ETag cannot match a newer write of
+        # the same bytes (no ABA).
         doc: dict = {"v": FORMAT_VERSION, "type": self.type, "mode": self.mode,
                      "uid": self.uid, "gid": self.gid, "mtime_ns": self.mtime_ns,
-                     "size": self.size, "staged": self.staged}
+                     "size": self.size, "staged": self.staged, "rev": uuid.uuid4().hex}
+        if self.moving_to is not None:
+            doc["moving_to"] = self.moving_to
+            doc["moving_at"] = self.moving_at
         if self.type == "file":
             doc["chunks"] = [[sha, n] for sha, n in self.chunks]
         if self.type == "dir":
@@ -126,6 +143,12 @@ class Entry:
         entry = cls(type=kind, mode=mode, uid=ints["uid"], gid=ints["gid"],
                     mtime_ns=ints["mtime_ns"], size=ints["size"],
                     staged=bool(doc.get("staged", False)))
+        moving_to, moving_at = doc.get("moving_to"), doc.get("moving_at", 0.0)
+        if moving_to is not None:
+            if not isinstance(moving_to, str) or not isinstance(moving_at, (int, float)) \
+                    or isinstance(moving_at, bool):
+                raise BadEntry("bad rename claim")
+            entry.moving_to, entry.moving_at = moving_to, float(moving_at)
         if kind == "file":
             chunks = doc.get("chunks")
             if not isinstance(chunks, list):

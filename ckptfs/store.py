@@ -67,8 +67,9 @@ class ObjectStore(Protocol):
         With ``if_match`` only if the key exists with that ETag, else
         ``PreconditionFailed``."""
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Store ``data`` only if ``key`` does not exist; False if it did."""
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Store ``data`` only if ``key`` does not exist: the new ETag (a non-empty
+        string), or None if the key existed."""
 
     def get(self, key: str) -> tuple[bytes, str]:
         """Return (body, etag); raise NotFound."""
@@ -153,15 +154,15 @@ class LocalStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         path = self._path(key)
         tmp = self._write_temp(path, data)
         try:
             with self._locked(key):
                 os.link(tmp, path)
-            return True
+                return _local_etag(path)
         except FileExistsError:
-            return False
+            return None
         finally:
             tmp.unlink()
 
@@ -335,17 +336,17 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, key) from None
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         from botocore.exceptions import ClientError
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
-                                   IfNoneMatch="*")
-            return True
+            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                       IfNoneMatch="*")
+            return r.get("ETag") or '"?"'
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "412") or status == 412:
-                return False
+                return None
             if code == "ConditionalRequestConflict" or status == 409:
                 raise TransientStoreError(f"conditional write conflict on {key}") from None
             raise self._translate(exc, key) from None
@@ -456,7 +457,7 @@ class RetryingStore:
             if_match: str | None = None) -> str:
         return self._call("put", lambda: self.inner.put(key, data, sha256, if_match=if_match))
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         return self._call("put_if_absent", self.inner.put_if_absent, key, data)
 
     def get(self, key: str) -> tuple[bytes, str]:
@@ -519,7 +520,7 @@ class CountingStore:
         self._count_put(key, len(data))
         return etag
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         done = self.inner.put_if_absent(key, data)
         if done:
             self._count_put(key, len(data))

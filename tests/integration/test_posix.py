@@ -88,15 +88,17 @@ def test_mmap_read(mnt, make_mount):
             assert m[:] == data
 
 
-def test_fsync_and_fdatasync(mnt, make_mount):
+def test_fsync_and_fdatasync_make_durable_but_publish_at_close(mnt, make_mount):
     p = mnt.path / "synced"
     with open(p, "wb") as f:
         f.write(b"durable")
         f.flush()
         os.fsync(f.fileno())
         os.fdatasync(f.fileno())
-        # Durable before close: a fresh mount sees it now.
-        assert (fresh(make_mount, mnt).path / "synced").read_bytes() == b"durable"
+        # fsync publishes nothing (issue 8 §1c): the name changes at close.
+        assert not (fresh(make_mount, mnt).path / "synced").exists()
+        assert p.read_bytes() == b"durable"   # this node's readers see the writer's bytes
+    assert (fresh(make_mount, mnt).path / "synced").read_bytes() == b"durable"
 
 
 def test_rename_file_over_existing(mnt, make_mount):

@@ -40,11 +40,11 @@ def test_create_of_a_name_that_exists_does_not_truncate_without_o_trunc(tmp_path
     async def body(fs: Filesystem) -> None:
         handle, inode = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
                                         me())
-        fs.write(handle.fh, 0, b"0123456789")
+        await fs.write(handle.fh, 0, b"0123456789")
         await fs.flush(handle.fh)
         await fs.release(handle.fh)
         handle, _ = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me())
-        fs.write(handle.fh, 0, b"ab")
+        await fs.write(handle.fh, 0, b"ab")
         await fs.flush(handle.fh)
         await fs.release(handle.fh)
         reader = await fs.open(inode.ino, os.O_RDONLY, me())

@@ -34,15 +34,15 @@ class SlowStore:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def put(self, key, data, sha256=None):
+    def put(self, key, data, sha256=None, *, if_match=None):
         if key.startswith("chunks/"):
             time.sleep(self.chunk_delay)
         if self.before_put:
             self.before_put(key)
-        return self.inner.put(key, data, sha256)
+        return self.inner.put(key, data, sha256, if_match=if_match)
 
-    def delete(self, key):
-        self.inner.delete(key)
+    def delete(self, key, if_match=None):
+        self.inner.delete(key, if_match)
         if self.after_delete:
             self.after_delete(key)
 
@@ -79,7 +79,7 @@ def stored(fs: Filesystem, parent_dir_id: str, name: bytes) -> bytes:
 
 async def write_file(fs, ino, data, trunc=True):
     h = await fs.open(ino, os.O_WRONLY | (os.O_TRUNC if trunc else 0), me())
-    fs.write(h.fh, 0, data)
+    await fs.write(h.fh, 0, data)
     await fs.flush(h.fh)
     await fs.release(h.fh)
 
@@ -87,7 +87,7 @@ async def write_file(fs, ino, data, trunc=True):
 def test_rewrite_during_background_publish_ends_with_the_new_version(tmp_path):
     async def body(fs, store):
         h, inode = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me())
-        fs.write(h.fh, 0, b"A" * (3 * CS + 100))
+        await fs.write(h.fh, 0, b"A" * (3 * CS + 100))
         await trio.sleep(0.2)
         await fs.flush(h.fh)
         await fs.release(h.fh)
@@ -106,12 +106,12 @@ def test_rewrite_during_background_publish_ends_with_the_new_version(tmp_path):
 def test_refresh_during_rename_keeps_the_renamed_file_and_tree(tmp_path):
     async def body(fs, store):
         h, inode = await fs.create(ROOT_INO, b"a", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me())
-        fs.write(h.fh, 0, b"hello")
+        await fs.write(h.fh, 0, b"hello")
         await fs.flush(h.fh)
         await fs.release(h.fh)
         d = await fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
         h, child = await fs.create(d.ino, b"x", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me())
-        fs.write(h.fh, 0, b"child")
+        await fs.write(h.fh, 0, b"child")
         await fs.flush(h.fh)
         await fs.release(h.fh)
         store.after_delete = lambda key: time.sleep(0.3)
@@ -140,7 +140,7 @@ def test_unlink_during_entry_put_does_not_resurrect(tmp_path):
         store.before_put = lambda key: time.sleep(0.3) if key.startswith("dirs/") else None
         h, _ = await fs.create(ROOT_INO, b"tmpfile", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
                                me())
-        fs.write(h.fh, 0, b"scratch")
+        await fs.write(h.fh, 0, b"scratch")
         await fs.flush(h.fh)
         await fs.release(h.fh)
         await trio.sleep(0.15)                     # the entry PUT is in flight
@@ -159,7 +159,7 @@ def test_killed_process_that_never_wrote_does_not_abandon_a_closed_version(tmp_p
     async def body(fs, store):
         h, inode = await fs.create(ROOT_INO, b"ckpt", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
                                    me())
-        fs.write(h.fh, 0, b"V0")
+        await fs.write(h.fh, 0, b"V0")
         await fs.flush(h.fh)
         await fs.release(h.fh)
         await fs.queue.wait_idle()

@@ -1,0 +1,196 @@
+"""Issue 8: the close decision and versions.  A name changes only at a close its
+writer meant; a closed version is immutable; an open reader keeps its version."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import eventually
+
+MiB = 1 << 20
+
+# A writer that stops halfway and waits on stdin: "kill" (SIGKILL from the test) or a
+# line telling it how to go on.  Before stopping it can run a subprocess, fork a child
+# that exits at once, or fsync.
+WRITER = r"""
+import os, subprocess, sys, hashlib
+path, mib, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+block = hashlib.sha256(b"new").digest() * (1 << 15)
+f = open(path, "wb")
+for i in range(mib // 2):
+    f.write(block)
+f.flush()
+if extra == "subprocess":
+    subprocess.run(["true"], check=True)
+elif extra == "fork":
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+elif extra == "fsync":
+    os.fsync(f.fileno())
+print("half", flush=True)
+if sys.stdin.readline().strip() == "finish":
+    for i in range(mib - mib // 2):
+        f.write(block)
+    f.close()
+    print("done", flush=True)
+"""
+
+
+def new_bytes(mib: int) -> bytes:
+    import hashlib
+    return hashlib.sha256(b"new").digest() * (1 << 15) * mib
+
+
+def start_writer(path: Path, mib: int, extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(mib), extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "half"
+    return proc
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def fresh(make_mount, store, **kw):
+    return make_mount(store, name=f"fresh{os.urandom(3).hex()}", **kw)
+
+
+@pytest.mark.parametrize("extra", ["subprocess", "fork"])
+def test_a_copy_closed_by_a_child_publishes_nothing(extra, store, make_mount):
+    mnt = make_mount(store)
+    old = os.urandom(MiB)
+    (mnt.path / "model.bin").write_bytes(old)
+    writer = start_writer(mnt.path / "model.bin", 8, extra)
+    # The child's close came and went: nothing new is published yet...
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == old
+    kill(writer)
+    # ... and the killed writer publishes nothing either.
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == old
+    assert (mnt.path / "model.bin").read_bytes() == old
+
+
+def test_a_child_during_a_save_does_not_stop_the_real_close(store, make_mount):
+    mnt = make_mount(store)
+    writer = start_writer(mnt.path / "model.bin", 8, "subprocess")
+    writer.stdin.write("finish\n")
+    writer.stdin.flush()
+    assert writer.stdout.readline().strip() == "done"
+    writer.wait()
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == new_bytes(8)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_fsync_mid_write_then_kill_publishes_nothing(durability, store, make_mount):
+    mnt = make_mount(store, durability=durability)
+    old = os.urandom(MiB)
+    (mnt.path / "model.bin").write_bytes(old)
+    run_wait(mnt)
+    writer = start_writer(mnt.path / "model.bin", 8, "fsync")
+    run_wait(mnt)
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == old
+    kill(writer)
+    run_wait(mnt)
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == old
+    assert (mnt.path / "model.bin").read_bytes() == old
+
+
+def run_wait(mnt) -> None:
+    from conftest import run_ckptfs
+    run_ckptfs("wait", str(mnt.path), check=True)
+
+
+def test_daemon_killed_under_an_open_writer_shows_the_last_published_version(
+        store, make_mount):
+    mnt = make_mount(store)
+    old = os.urandom(MiB)
+    (mnt.path / "model.bin").write_bytes(old)
+    writer = start_writer(mnt.path / "model.bin", 8, "fsync")
+    mnt.kill()
+    kill(writer)
+    mnt.start()
+    assert (mnt.path / "model.bin").read_bytes() == old
+    # No metadata operation can publish the torn bytes afterwards.
+    os.chmod(mnt.path / "model.bin", 0o600)
+    os.utime(mnt.path / "model.bin")
+    assert (mnt.path / "model.bin").read_bytes() == old
+    other = fresh(make_mount, store)
+    assert (other.path / "model.bin").read_bytes() == old
+    assert os.listdir(mnt.state_dir / "abandoned"), "the torn bytes are kept aside"
+
+
+def test_a_new_file_whose_daemon_died_under_its_writer_disappears(store, make_mount):
+    mnt = make_mount(store)
+    writer = start_writer(mnt.path / "new.bin", 8, "none")
+    mnt.kill()
+    kill(writer)
+    mnt.start()
+    assert os.listdir(mnt.path) == []
+    assert os.listdir(fresh(make_mount, store).path) == []
+
+
+def test_recreating_a_name_right_after_its_writer_was_killed_works(store, make_mount):
+    mnt = make_mount(store)
+    writer = start_writer(mnt.path / "model.bin", 8, "none")
+    os.stat(mnt.path / "model.bin")          # the kernel caches the name
+    kill(writer)
+    data = os.urandom(MiB)
+    (mnt.path / "model.bin").write_bytes(data)      # at once: no ENOENT
+    assert (mnt.path / "model.bin").read_bytes() == data
+    assert (fresh(make_mount, store).path / "model.bin").read_bytes() == data
+
+
+def test_a_closed_version_is_immutable_while_it_uploads(store, make_mount, tmp_path):
+    # Async mode, uploads slowed down: v1 is closed and queued when v2 truncates the
+    # same name and is killed.  v1 must reach the store, v2 must not.
+    control = tmp_path / "faults.json"
+    control.write_text('{"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", '
+                       '"delay": 0.5}]}')
+    mnt = make_mount(store, durability="async",
+                     faults={"rules": [], "control_file": str(control)})
+    v1 = os.urandom(8 * MiB + 5)
+    (mnt.path / "last.ckpt").write_bytes(v1)
+    writer = start_writer(mnt.path / "last.ckpt", 8, "none")
+    kill(writer)
+    control.write_text('{"rules": []}')
+    run_wait(mnt)
+    assert (mnt.path / "last.ckpt").read_bytes() == v1
+    assert (fresh(make_mount, store).path / "last.ckpt").read_bytes() == v1
+
+
+def test_an_open_reader_keeps_its_version(store, make_mount):
+    a = make_mount(store, name="a")
+    b = make_mount(store, name="b")
+    v1 = os.urandom(64 * MiB)
+    v2 = os.urandom(64 * MiB)
+    (a.path / "model.bin").write_bytes(v1)
+    assert eventually(lambda: (b.path / "model.bin").exists())
+    with open(b.path / "model.bin", "rb") as reader:
+        head = reader.read(17 * MiB)
+        (a.path / "model.bin").write_bytes(v2)
+        # B's mount learns of v2 ...
+        assert eventually(lambda: _digest_in_child(b.path / "model.bin") == _digest(v2))
+        # ... while the reader that opened v1 goes on reading v1.
+        rest = reader.read()
+    assert head + rest == v1
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def _digest_in_child(path: Path) -> str:
+    code = "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
+    return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True).stdout.strip()

@@ -1,0 +1,89 @@
+"""Issue 8 §3: renames are atomic across mounts (decision 0006)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+
+import pytest
+
+from conftest import eventually
+
+MiB = 1 << 20
+# Entry writes slowed down on both nodes, so that two renames overlap for certain.
+SLOW_ENTRY_PUTS = {"rules": [{"op": "put", "prefix": "dirs/", "kind": "delay", "delay": 0.4}]}
+
+
+def rename_at_once(pairs):
+    """Run os.rename for each (src, dst) in its own thread, started together; return
+    the errno of each (0 for success)."""
+    barrier = threading.Barrier(len(pairs))
+    results = [None] * len(pairs)
+
+    def one(i, src, dst):
+        barrier.wait()
+        try:
+            os.rename(src, dst)
+            results[i] = 0
+        except OSError as exc:
+            results[i] = exc.errno
+
+    threads = [threading.Thread(target=one, args=(i, s, d)) for i, (s, d) in enumerate(pairs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_two_nodes_renaming_one_entry_one_wins(kind, store, make_mount):
+    a = make_mount(store, name="a", faults=SLOW_ENTRY_PUTS)
+    b = make_mount(store, name="b", faults=SLOW_ENTRY_PUTS)
+    if kind == "dir":
+        (a.path / "tmp").mkdir()
+        (a.path / "tmp" / "model.bin").write_bytes(b"weights")
+    else:
+        (a.path / "tmp").write_bytes(b"weights")
+    assert eventually(lambda: (b.path / "tmp").exists())
+    results = rename_at_once([(a.path / "tmp", a.path / "from-a"),
+                              (b.path / "tmp", b.path / "from-b")])
+    assert sorted(results) == [0, errno.ENOENT], results
+    winner = "from-a" if results[0] == 0 else "from-b"
+    fresh = make_mount(store, name="fresh")
+    assert sorted(os.listdir(fresh.path)) == [winner]
+    for m in (a, b):
+        assert eventually(lambda: sorted(os.listdir(m.path)) == [winner]), os.listdir(m.path)
+    content = fresh.path / winner / "model.bin" if kind == "dir" else fresh.path / winner
+    assert content.read_bytes() == b"weights"
+
+
+def test_a_rename_never_moves_a_stale_version(store, make_mount):
+    # A keeps its view of f for a long time; B publishes a newer f; A renames f to g.
+    a = make_mount(store, name="a", extra=("--metadata-ttl", "60"))
+    b = make_mount(store, name="b")
+    v1, v2 = os.urandom(MiB), os.urandom(MiB)
+    (a.path / "f").write_bytes(v1)
+    assert eventually(lambda: (b.path / "f").exists() and (b.path / "f").read_bytes() == v1)
+    (b.path / "f").write_bytes(v2)
+    os.rename(a.path / "f", a.path / "g")
+    fresh = make_mount(store, name="fresh")
+    contents = {name: (fresh.path / name).read_bytes() for name in os.listdir(fresh.path)}
+    assert v2 in contents.values(), {k: len(v) for k, v in contents.items()}
+    assert (a.path / "g").read_bytes() == contents["g"]
+
+
+def test_an_abandoned_rename_claim_expires(local_store, make_mount):
+    mnt = make_mount(local_store, extra=("--metadata-ttl", "0.2"))
+    (mnt.path / "f").write_bytes(b"data")
+    key = local_store.root / "dirs" / "root" / "f"
+    doc = json.loads(key.read_bytes())
+    # A node that died between its claim and the move, long ago.
+    doc.update(moving_to="dirs/root/elsewhere", moving_at=1.0)
+    key.write_text(json.dumps(doc))
+    os.rename(mnt.path / "f", mnt.path / "g")
+    fresh = make_mount(local_store, name="fresh")
+    assert os.listdir(fresh.path) == ["g"]
+    assert (fresh.path / "g").read_bytes() == b"data"
