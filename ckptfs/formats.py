@@ -49,7 +49,7 @@ _ELEMENT_SIZE = {
     "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1}
 
 
-class Incomplete(Exception):
+class _Incomplete(Exception):
     """The file's structure is incomplete; the message is the one-line reason."""
 
 
@@ -69,29 +69,46 @@ def _validate(names: Iterable[str]) -> frozenset[str]:
 
 def check_complete(fd: int, size: int, formats: Iterable[str] = FORMATS) -> str | None:
     """None if the file is complete or of no known format; otherwise a one-line reason
-    (e.g. "torch archive: storage data/3 referenced by data.pkl is missing")."""
+    (e.g. "torch archive: storage data/3 referenced by data.pkl is missing").
+
+    ``size`` is the file's logical size (bytes past it are never read).  Raises ValueError
+    for an unknown format name and OSError if the file cannot be read."""
     on = _validate(formats)
     head = _pread(fd, 0, min(size, 64))
+    kind = recognise(head)
+    if kind is None or kind.partition("-")[0] not in on:
+        return None
     try:
-        if head.startswith(b"PK\x03\x04") and "torch" in on:
-            _check_zip(fd, size)
-        elif head.startswith(_LEGACY_TORCH[:4]) and _LEGACY_TORCH.startswith(head[:15]):
-            if "torch" in on:  # a legacy torch file is a pickle stream followed by raw bytes
-                _check_legacy_torch(fd, size)
-        elif head.startswith(b"\x93NUMPY") and "npy" in on:
-            _check_npy(fd, size, head)
-        elif (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-              and (len(head) == 2 or chr(head[2]) in _OPCODES) and "pickle" in on):
-            if _pread(fd, size - 1, 1) != b".":
-                raise Incomplete(f"pickle (protocol {head[1]}): does not end with STOP")
-        elif len(head) >= 9 and head[8:9] == b"{" and "safetensors" in on:
-            _check_safetensors(fd, size, head)
-    except Incomplete as e:
+        _CHECKS[kind](fd, size, head)
+    except _Incomplete as e:
         return str(e)
+    except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
+        return f"{kind} file: structure does not parse ({type(e).__name__}: {e})".splitlines()[0]
     return None
 
 
-_OPCODES = {op.code for op in pickletools.opcodes}
+def recognise(head: bytes) -> str | None:
+    """The format the leading bytes of a file announce: "torch" (a zip archive),
+    "torch-legacy", "npy", "pickle", "safetensors", or None."""
+    if head.startswith(b"PK\x03\x04"):
+        return "torch"
+    if head.startswith(_LEGACY_TORCH[:4]) and _LEGACY_TORCH.startswith(head[:15]):
+        return "torch-legacy"  # a pickle stream followed by raw storage bytes
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5 and head[2:3] in _OPCODES:
+        return "pickle"
+    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack_from("<Q", head)[0] <= MAX_HEADER:
+        return "safetensors"
+    return None
+
+
+_OPCODES = {op.code.encode("latin1") for op in pickletools.opcodes} | {b""}
+
+
+def _check_pickle(fd: int, size: int, head: bytes) -> None:
+    if _pread(fd, size - 1, 1) != b".":
+        raise _Incomplete(f"pickle (protocol {head[1]}): does not end with STOP")
 
 
 def _pread(fd: int, offset: int, n: int) -> bytes:
@@ -104,28 +121,6 @@ def _pread(fd: int, offset: int, n: int) -> bytes:
         offset += len(chunk)
         n -= len(chunk)
     return b"".join(parts)
-
-
-class _Window(io.RawIOBase):
-    """A read-only file over ``fd`` bytes [start, end), for the Unpickler to pull from."""
-
-    def __init__(self, fd: int, start: int, end: int) -> None:
-        self.fd, self.pos, self.end = fd, start, end
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, buf) -> int:  # type: ignore[override]
-        data = _pread(self.fd, self.pos, min(len(buf), self.end - self.pos))
-        buf[:len(data)] = data
-        self.pos += len(data)
-        return len(data)
 
 
 class _Stub:
@@ -149,7 +144,8 @@ class _StorageRefs(pickle.Unpickler):
     def __init__(self, file) -> None:
         super().__init__(file)
         self.stubs: dict[str, type] = {}
-        self.refs: dict[str, tuple[str, int]] = {}  # key -> (storage type, numel)
+        self.pids: list = []
+        self.persistent_load = self.pids.append  # C-level: it is called once per storage
 
     def find_class(self, module: str, name: str) -> type:
         qual = f"{module}.{name}"
@@ -157,54 +153,63 @@ class _StorageRefs(pickle.Unpickler):
             self.stubs[qual] = type(name, (_Stub,), {"qualname": qual})
         return self.stubs[qual]
 
-    def persistent_load(self, pid):
-        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
-            kind = getattr(pid[1], "qualname", "")
-            self.refs[str(pid[2])] = (kind.rpartition(".")[2], int(pid[4]))
-        return _Stub()
+    @property
+    def refs(self) -> dict[str, tuple[str, int]]:
+        """storage key -> (storage type or dtype name, numel), from ('storage', type, key,
+        location, numel, ...) persistent ids."""
+        return {str(pid[2]): (getattr(pid[1], "__name__", ""), pid[4]) for pid in self.pids
+                if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"
+                and isinstance(pid[4], int)}
 
 
 def _element_size(kind: str) -> int | None:
     return _ELEMENT_SIZE.get(kind.removesuffix("Storage"))
 
 
-def _check_zip(fd: int, size: int) -> None:
-    tail_at = max(0, size - (65535 + 22 + 20 + 56))
+def _check_zip(fd: int, size: int, head: bytes) -> None:
+    tail_at = max(0, size - (22 + 20 + 56))  # end record, zip64 locator and record
     tail = _pread(fd, tail_at, size - tail_at)
+    if tail[-22:-18] != b"PK\x05\x06" or tail[-2:] != b"\0\0":  # a comment: look further
+        tail_at = max(0, size - (65535 + 22 + 20 + 56))
+        tail = _pread(fd, tail_at, size - tail_at)
     i = len(tail)
     while (i := tail.rfind(b"PK\x05\x06", 0, i)) >= 0:  # the end record, then its comment
         if i + 22 <= len(tail) and i + 22 + struct.unpack_from("<H", tail, i + 20)[0] == len(tail):
             break
     else:
-        raise Incomplete("zip archive: no end-of-central-directory record at the end")
+        raise _Incomplete("zip archive: no end-of-central-directory record at the end")
     count, cd_size, cd_off = struct.unpack_from("<10xHLL", tail, i)
     cd_end = tail_at + i
-    if tail[i - 20:i - 16] == b"PK\x06\x07":  # zip64 locator; its record sits just before it
+    if i >= 76 and tail[i - 20:i - 16] == b"PK\x06\x07":  # zip64 locator; its record sits just before it
         if tail[i - 76:i - 72] != b"PK\x06\x06":
-            raise Incomplete("zip archive: zip64 end record missing")
+            raise _Incomplete("zip archive: zip64 end record missing")
         count, cd_size, cd_off = struct.unpack_from("<32xQQQ", tail, i - 76)
         cd_end = tail_at + i - 76
     base = cd_end - cd_size - cd_off  # > 0 when the zip follows other bytes (DCP shards)
     if base < 0:
-        raise Incomplete("zip archive: central directory lies beyond its end record")
+        raise _Incomplete("zip archive: central directory lies beyond its end record")
     cd_start = base + cd_off
+    if cd_size > MAX_HEADER:
+        return  # an implausibly large central directory: not ours to judge
     cd = _pread(fd, cd_start, cd_size)
     entries: dict[str, tuple[int, int, int]] = {}  # name -> (method, uncompressed, data start)
     pos = 0
     for _ in range(count):
         if cd[pos:pos + 4] != b"PK\x01\x02" or pos + 46 > len(cd):
-            raise Incomplete(f"zip archive: central directory entry {len(entries)} is corrupt")
+            raise _Incomplete(f"zip archive: central directory entry {len(entries)} is corrupt")
         (method, csize, usize, nlen, xlen, clen, off) = struct.unpack_from("<10xH8xLLHHH8xL", cd, pos)
         name = cd[pos + 46:pos + 46 + nlen]
         csize, usize, off = _zip64_extra(cd[pos + 46 + nlen:pos + 46 + nlen + xlen], csize, usize, off)
         pos += 46 + nlen + xlen + clen
         local = _pread(fd, base + off, 30 + nlen)
         if local[:4] != b"PK\x03\x04" or local[30:] != name:
-            raise Incomplete(f"zip archive: local header of {name.decode(errors='replace')} missing")
+            raise _Incomplete(f"zip archive: local header of {name.decode(errors='replace')} missing")
         start = base + off + 30 + nlen + struct.unpack_from("<H", local, 28)[0]
         if start + csize > cd_start:
-            raise Incomplete(f"zip archive: data of {name.decode(errors='replace')} runs past the central directory")
+            raise _Incomplete(f"zip archive: data of {name.decode(errors='replace')} runs past the central directory")
         entries[name.decode("utf-8", errors="replace")] = (method, usize, start)
+    if pos != len(cd):
+        raise _Incomplete(f"zip archive: central directory has {len(cd)} bytes, its {count} entries {pos}")
     _check_torch_entries(fd, entries)
 
 
@@ -230,7 +235,7 @@ def _check_torch_entries(fd: int, entries: dict[str, tuple[int, int, int]]) -> N
         return
     if "data.pkl" not in rest and all(n in _TORCH_BOOKKEEPING or re.fullmatch(r"data/\d+", n)
                                       for n in rest):
-        raise Incomplete("torch archive: no data.pkl (torch.save was interrupted)")
+        raise _Incomplete("torch archive: no data.pkl (torch.save was interrupted)")
     for pkl, folder in (("data.pkl", "data/"), ("constants.pkl", "constants/")):
         method, usize, start = entries.get(p + pkl, (None, 0, 0))
         if method != 0 or usize > MAX_HEADER:
@@ -241,10 +246,10 @@ def _check_torch_entries(fd: int, entries: dict[str, tuple[int, int, int]]) -> N
         for key, (kind, numel) in sorted(refs.items()):
             entry = entries.get(f"{p}{folder}{key}")
             if entry is None:
-                raise Incomplete(f"torch archive: storage {folder}{key} referenced by {pkl} is missing")
+                raise _Incomplete(f"torch archive: storage {folder}{key} referenced by {pkl} is missing")
             es = _element_size(kind)
             if es is not None and entry[1] < numel * es:
-                raise Incomplete(f"torch archive: storage {folder}{key} has {entry[1]} bytes, "
+                raise _Incomplete(f"torch archive: storage {folder}{key} has {entry[1]} bytes, "
                                  f"{pkl} needs {numel * es}")
 
 
@@ -257,68 +262,81 @@ def _storage_refs(file) -> dict[str, tuple[str, int]] | None:
     return unpickler.refs
 
 
-def _check_legacy_torch(fd: int, size: int) -> None:
-    """magic, protocol, sys_info, object, storage keys (5 pickles); then per storage its
-    element count (int64) and bytes."""
-    reader = io.BufferedReader(_Window(fd, 0, size), 1 << 16)
-    refs: dict[str, tuple[str, int]] = {}
-    try:
-        for _ in range(3):
-            _StorageRefs(reader).load()
-        objects = _StorageRefs(reader)
-        objects.load()
-        refs = objects.refs
-        keys = _StorageRefs(reader).load()
-    except Exception as e:  # noqa: BLE001
-        raise Incomplete(f"legacy torch file: pickles end early ({type(e).__name__})") from None
-    pos = reader.tell()  # exact: the Unpickler gives back what it peeked at
+def _check_legacy_torch(fd: int, size: int, head: bytes) -> None:
+    """Five pickles (magic, protocol, sys_info, the object, storage keys), then per storage
+    its element count (int64) and bytes.  The pickles are read from a head that grows."""
+    n = min(size, 1 << 20)
+    while True:
+        buf = io.BytesIO(_pread(fd, 0, n))
+        try:
+            for _ in range(3):
+                _StorageRefs(buf).load()
+            (objects := _StorageRefs(buf)).load()
+            keys, refs = _StorageRefs(buf).load(), objects.refs
+            break
+        except Exception as e:  # noqa: BLE001 - a cut or corrupt pickle: read more, or judge
+            if n == size:
+                raise _Incomplete(f"legacy torch file: pickles end early ({type(e).__name__})") from None
+            if n >= MAX_HEADER:
+                return  # pickles too large to read: cannot judge
+            n = min(size, MAX_HEADER, n * 8)
+    pos = buf.tell()
     for key in keys if isinstance(keys, list) else ():
         es = _element_size(refs.get(str(key), ("", 0))[0])
         count = _pread(fd, pos, 8)
         if len(count) < 8:
-            raise Incomplete(f"legacy torch file: storage {key} is missing")
+            raise _Incomplete(f"legacy torch file: storage {key} is missing")
         if es is None:
             return  # unknown element size: cannot walk further
-        pos += 8 + struct.unpack("<q", count)[0] * es
+        pos += 8 + max(0, struct.unpack("<q", count)[0]) * es
     if pos != size:
-        raise Incomplete(f"legacy torch file: storages need {pos} bytes, file has {size}")
+        raise _Incomplete(f"legacy torch file: storages need {pos} bytes, file has {size}")
 
 
 def _check_safetensors(fd: int, size: int, head: bytes) -> None:
     n = struct.unpack_from("<Q", head)[0]
-    if n > MAX_HEADER:
-        return  # not a plausible safetensors header: some other format
     if 8 + n > size:
-        raise Incomplete(f"safetensors: header of {n} bytes is cut short ({size} bytes in file)")
+        raise _Incomplete(f"safetensors: header of {n} bytes is cut short ({size} bytes in file)")
     try:
         header = json.loads(_pread(fd, 8, n))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
                   default=0)
     except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise Incomplete(f"safetensors: header does not parse ({type(e).__name__})") from None
+        raise _Incomplete(f"safetensors: header does not parse ({type(e).__name__})") from None
     if size != 8 + n + end:
-        raise Incomplete(f"safetensors: size {size}, header says {8 + n + end}")
+        raise _Incomplete(f"safetensors: size {size}, header says {8 + n + end}")
 
 
 def _check_npy(fd: int, size: int, head: bytes) -> None:
-    if len(head) < 12:
-        raise Incomplete(f"npy: header cut short ({size} bytes)")
-    major = head[6]
-    hlen_at, fmt = (8, "<H") if major == 1 else (8, "<L")
-    if major not in (1, 2, 3):
-        return
-    hlen = struct.unpack_from(fmt, head, hlen_at)[0]
-    start = hlen_at + struct.calcsize(fmt)
-    if start + hlen > size:
-        raise Incomplete(f"npy: header of {hlen} bytes is cut short ({size} bytes in file)")
-    try:
-        header = ast.literal_eval(_pread(fd, start, hlen).decode("utf-8" if major == 3 else "latin1"))
-        shape, descr = tuple(header["shape"]), header["descr"]
-    except (ValueError, SyntaxError, TypeError, KeyError, UnicodeDecodeError) as e:
-        raise Incomplete(f"npy: header does not parse ({type(e).__name__})") from None
-    itemsize = _npy_itemsize(descr)
-    if itemsize is not None and size != start + hlen + math.prod(shape) * itemsize:
-        raise Incomplete(f"npy: size {size}, header says {start + hlen + math.prod(shape) * itemsize}")
+    """One array, or several saved one after another into the same file (np.save twice)."""
+    pos, n = 0, 0
+    while pos < size:
+        head = _pread(fd, pos, 12)
+        if not head.startswith(b"\x93NUMPY"[:len(head)]):
+            return  # other bytes after the arrays: not ours to judge
+        major = head[6:7]
+        if major not in (b"\x01", b"\x02", b"\x03", b""):
+            return  # a version this checker does not know
+        fmt = "<H" if major == b"\x01" else "<L"
+        start = pos + 8 + struct.calcsize(fmt)
+        if len(head) < start - pos:
+            raise _Incomplete(f"npy: header of array {n} cut short ({size} bytes in file)")
+        hlen = struct.unpack_from(fmt, head, 8)[0]
+        if start + hlen > size:
+            raise _Incomplete(f"npy: header of array {n} cut short ({size} bytes in file)")
+        try:
+            text = _pread(fd, start, hlen).decode("utf-8" if major == b"\x03" else "latin1")
+            header = ast.literal_eval(text)
+            shape, descr = tuple(header["shape"]), header["descr"]
+        except (ValueError, SyntaxError, TypeError, KeyError, UnicodeDecodeError) as e:
+            raise _Incomplete(f"npy: header of array {n} does not parse ({type(e).__name__})") from None
+        itemsize = _npy_itemsize(descr)
+        if itemsize is None:
+            return  # object arrays hold a pickle of unknown length
+        pos = start + hlen + math.prod(shape) * itemsize
+        if pos > size:
+            raise _Incomplete(f"npy: array {n} needs {pos} bytes, file has {size}")
+        n += 1
 
 
 def _npy_itemsize(descr) -> int | None:
@@ -331,3 +349,7 @@ def _npy_itemsize(descr) -> int | None:
     except Exception:  # noqa: BLE001 - no numpy, or a descr numpy rejects: cannot judge
         return None
     return None if dtype.hasobject else dtype.itemsize
+
+
+_CHECKS = {"torch": _check_zip, "torch-legacy": _check_legacy_torch, "npy": _check_npy,
+           "pickle": _check_pickle, "safetensors": _check_safetensors}

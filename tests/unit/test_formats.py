@@ -311,8 +311,24 @@ def test_npy(tmp_path, arr):
     assert check(p) is None
     assert_every_cut_rejected(p, first=6)
     with open(p, "ab") as f:
-        f.write(b"\0")
-    assert check(p).startswith("npy: size")
+        f.write(b"\x93NUMPY\x01")  # the start of a second array
+    assert check(p).startswith("npy: header of array 1 cut short")
+
+
+def test_npy_several_arrays_in_one_file(tmp_path):
+    """np.save twice into one open file (numpy's documented pattern) is complete."""
+    p = tmp_path / "two.npy"
+    with open(p, "wb") as f:
+        np.save(f, np.arange(300, dtype=np.int32))
+        boundary = f.tell()
+        np.save(f, np.ones((4, 5)))
+    assert check(p) is None
+    assert_every_cut_rejected(p, first=6, except_at={boundary})  # a cut there leaves one whole array
+    assert check(p, os.path.getsize(p) - 1) == f"npy: array 1 needs {os.path.getsize(p)} bytes, " \
+                                               f"file has {os.path.getsize(p) - 1}"
+    with open(p, "ab") as f:
+        f.write(b"trailing bytes of another kind")
+    assert check(p) is None  # not ours to judge
 
 
 @pytest.mark.parametrize("version", [(2, 0), (3, 0)])
@@ -382,3 +398,28 @@ def test_parse_formats():
     assert parse_formats(",".join(FORMATS)) == FORMATS
     with pytest.raises(ValueError, match="unknown checkpoint format 'h5'"):
         parse_formats("torch,h5")
+
+
+def test_damaged_files_give_an_answer_not_an_exception(tmp_path):
+    """Random damage to each format yields None or a reason; the checker never raises."""
+    rng = random.Random(3)
+    samples = {}
+    torch.save({"a": torch.randn(50), "b": [torch.ones(2)] * 2}, tmp_path / "t.pt")
+    torch.save({"a": torch.randn(50)}, tmp_path / "l.pt", _use_new_zipfile_serialization=False)
+    safetensors.torch.save_file({"a": torch.randn(50)}, tmp_path / "s.safetensors")
+    np.save(tmp_path / "n.npy", np.arange(50))
+    (tmp_path / "p.pkl").write_bytes(pickle.dumps({"a": list(range(50))}, protocol=4))
+    for name in ("t.pt", "l.pt", "s.safetensors", "n.npy", "p.pkl"):
+        samples[name] = (tmp_path / name).read_bytes()
+    p = tmp_path / "damaged"
+    answers = set()
+    for name, good in samples.items():
+        for _ in range(300):
+            bad = bytearray(good)
+            at = rng.randrange(4, len(bad))
+            bad[at:at + rng.choice((1, 2, 4, 8))] = os.urandom(rng.choice((1, 2, 4, 8)))
+            p.write_bytes(bytes(bad[:rng.choice((len(bad), rng.randrange(len(bad))))]))
+            result = check(p)
+            assert result is None or (isinstance(result, str) and "\n" not in result)
+            answers.add(result is None)
+    assert answers == {True, False}
