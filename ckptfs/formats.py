@@ -15,9 +15,13 @@ incomplete:
   ``data.pkl`` or without the storages.  The legacy (pre-1.6) pickle-stream format is
   walked record by record.  ``data.pkl`` is read with an Unpickler that imports nothing.
 * ``safetensors``: 8-byte header length, JSON header, size == 8 + N + largest data end.
-* ``npy``: magic, header dict (``ast.literal_eval``), size == header + prod(shape) x itemsize.
+* ``npy``: magic, header dict (``ast.literal_eval``), then prod(shape) x itemsize bytes, for
+  each of the arrays np.save may have appended to one file; object arrays are not judged.
 * ``pickle`` (protocol 2-5): the last byte is STOP.
 
+Cannot tell: a cut exactly between two archives of a DCP shard or two appended arrays (it
+looks like a file with fewer items); a pickle cut right after a ``.`` byte.  Whatever the
+structure cannot settle (unknown element sizes, compressed data.pkl, huge headers) passes.
 Reads with ``os.pread`` only the head, the tail, the zip central directory, the local
 headers and the pickles -- never the tensor data.  Knows nothing of FUSE, trio, stores.
 """
