@@ -129,12 +129,12 @@ def _pread(fd: int, offset: int, n: int) -> bytes:
 
 class _Stub:
     """Stands in for every global a pickle names: absorbs calls, items and state."""
-    qualname = ""
 
     def __new__(cls, *args, **kwargs):
         return object.__new__(cls)
 
     def __init__(self, *args, **kwargs) -> None: ...
+    def __call__(self, *args, **kwargs) -> "_Stub": return _Stub()
     def __setstate__(self, state) -> None: ...
     def __setitem__(self, key, value) -> None: ...
     def append(self, item) -> None: ...
@@ -154,7 +154,7 @@ class _StorageRefs(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> type:
         qual = f"{module}.{name}"
         if qual not in self.stubs:
-            self.stubs[qual] = type(name, (_Stub,), {"qualname": qual})
+            self.stubs[qual] = type(name, (_Stub,), {})
         return self.stubs[qual]
 
     @property
