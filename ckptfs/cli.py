@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "86400)")
     m.add_argument("--writeback-cache", action="store_const", const=True,
                    help="let the kernel buffer writes (experimental)")
+    m.add_argument("--checkpoint-formats",
+                   help="formats whose structure is checked before a close publishes "
+                        "(default torch,safetensors,npy,pickle; empty: none)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
-                  "fetch_concurrency", "gc_grace", "writeback_cache")
+                  "fetch_concurrency", "gc_grace", "writeback_cache", "checkpoint_formats")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -186,7 +189,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     upload_concurrency=settings.upload_concurrency,
                     fetch_concurrency=settings.fetch_concurrency,
                     gc_grace=settings.gc_grace, profiles=settings.profiles,
-                    writeback_cache=settings.writeback_cache)
+                    writeback_cache=settings.writeback_cache,
+                    checkpoint_formats=settings.checkpoint_formats)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan

@@ -66,6 +66,18 @@ parse_positive_int = _number(int, "a whole number", zero_ok=False)
 parse_seconds = _number(float, "a number of seconds", zero_ok=True)
 
 
+def parse_checkpoint_formats(value) -> tuple[str, ...]:
+    """Formats whose structure is checked before a close publishes (formats.FORMATS):
+    a comma list or a TOML array; empty turns the check off."""
+    from .formats import parse_formats
+
+    text = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
+    try:
+        return parse_formats(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 _KEYS = {
     "store": str,
     "endpoint_url": str,
@@ -79,6 +91,7 @@ _KEYS = {
     "fetch_concurrency": parse_positive_int,
     "gc_grace": parse_seconds,
     "writeback_cache": parse_bool,
+    "checkpoint_formats": parse_checkpoint_formats,
 }
 
 
@@ -96,6 +109,7 @@ class Settings:
     fetch_concurrency: int = 8
     gc_grace: float = 24 * 3600.0
     writeback_cache: bool = False
+    checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     profiles: Profiles = field(default_factory=Profiles)
 
 

@@ -202,7 +202,8 @@ class Daemon:
                 fs = self.fs = Filesystem(
                     ns, store, staging, cache, self.config, nursery,
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
-                    invalidate_entry=self._invalidate_entry)
+                    invalidate_entry=self._invalidate_entry,
+                    check_complete=self._completeness_check())
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
                               writeback_cache=self.config.writeback_cache)
                 options = set(pyfuse3.default_options)
@@ -251,6 +252,13 @@ class Daemon:
         log.info("mounted %s on %s", url, self.opts.mountpoint)
         on_ready()
         sd_notify("READY=1")
+
+    def _completeness_check(self):
+        formats = self.config.checkpoint_formats
+        if not formats:
+            return None
+        from .formats import check_complete
+        return lambda fd, size: check_complete(fd, size, formats)
 
     async def _invalidate_entry(self, parent: int, name: bytes) -> None:
         """Drop a name from the kernel's dentry cache (a name we removed ourselves, e.g.

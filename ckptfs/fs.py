@@ -50,6 +50,8 @@ class Config:
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
     writeback_cache: bool = False      # kernel write-back caching (experimental)
     rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
+    # Formats whose structure is checked before a close publishes (formats.FORMATS).
+    checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
 
 
 @dataclass

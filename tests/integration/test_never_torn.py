@@ -194,3 +194,65 @@ def _digest_in_child(path: Path) -> str:
     code = "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
     return subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                           text=True).stdout.strip()
+
+
+INTERRUPTED_SAVE = r"""
+import os, signal, sys, torch
+path, how = sys.argv[1], sys.argv[2]
+
+class Boom:
+    def __reduce_ex__(self, proto):
+        raise MemoryError("out of memory in the middle of a save")
+
+state = {"weights": torch.arange(1 << 20, dtype=torch.float32), "later": Boom()}
+if how == "exception":
+    try:
+        with open(path, "wb") as f:
+            torch.save(state, f)
+    except MemoryError:
+        pass
+    except OSError as exc:     # the close of the torn file reports EIO
+        print("close-error", exc.errno, flush=True)
+    else:
+        sys.exit("save did not fail")
+    print("unwound", flush=True)
+elif how == "sigterm":
+    # A SIGTERM handler that exits (Lightning, SLURM requeue): sys.exit(1) unwinds the
+    # save from a live process, which then closes the half-written file.
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+    big = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(64)}
+
+    class Stall:
+        def __reduce_ex__(self, proto):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return (int, (0,))
+    big["stall"] = Stall()
+    with open(path, "wb") as f:
+        torch.save(big, f)
+"""
+
+
+@pytest.mark.parametrize("how", ["exception", "sigterm"])
+def test_an_interrupted_torch_save_is_not_published(how, store, make_mount):
+    import torch
+    mnt = make_mount(store)
+    torch.save({"weights": torch.ones(1000)}, mnt.path / "model.pt")
+    before = (mnt.path / "model.pt").read_bytes()
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_SAVE, str(mnt.path / "model.pt"),
+                           how], capture_output=True, text=True, timeout=120)
+    if how == "exception":
+        assert "unwound" in proc.stdout, proc.stderr
+    assert (mnt.path / "model.pt").read_bytes() == before
+    other = fresh(make_mount, store)
+    assert (other.path / "model.pt").read_bytes() == before
+    assert torch.load(other.path / "model.pt")["weights"].sum() == 1000
+    log = (mnt.state_dir / "ckptfs.log").read_text()
+    assert "model.pt not published: incomplete torch archive" in log
+
+
+def test_a_complete_torch_save_still_publishes(store, make_mount):
+    import torch
+    mnt = make_mount(store)
+    torch.save({"w": torch.arange(10)}, mnt.path / "ok.pt")
+    other = fresh(make_mount, store)
+    assert torch.equal(torch.load(other.path / "ok.pt")["w"], torch.arange(10))
