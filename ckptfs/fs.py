@@ -160,7 +160,7 @@ class Filesystem:
     def _drop_rt(self, ino: int) -> None:
         rt = self.runtime.get(ino)
         if rt and not rt.handles and not rt.lock.locked() and not rt.refs \
-                and rt.session is None and not rt.session_lock.locked():
+                and rt.session is None and not rt.session_lock.locked() and not rt.trackers:
             del self.runtime[ino]
 
     def _touch_dir(self, ino: int) -> None:
@@ -520,11 +520,10 @@ class Filesystem:
         may hold drops it (no keep_cache), and while readers of two versions are open,
         the newer ones bypass it (direct_io) so each reads its own version."""
         rt = self._rt(handle.ino)
-        if handle.writable or rt.session is not None:
+        if handle.writable or rt.session is not None or handle.snapshot[0] == "live":
             rt.page_version = None
             return False, False
-        version = handle.snapshot[:2] if handle.snapshot[0] == "staging" else \
-            ("chunks", tuple(sha for sha, _ in handle.snapshot[1]))
+        version = self._snapshot_key(handle)
         others = {self._snapshot_key(self.handles[fh]) for fh in rt.handles
                   if fh != handle.fh and fh in self.handles}
         if others - {version}:
@@ -538,7 +537,7 @@ class Filesystem:
         snap = handle.snapshot
         if snap[0] == "chunks":
             return ("chunks", tuple(sha for sha, _ in snap[1]))
-        return snap[:2]
+        return snap[:2]   # ("staging", ver) or ("live",)
 
     def keep_cache(self, handle: Handle) -> bool:
         return self.open_flags(handle)[0]
@@ -969,6 +968,7 @@ class Filesystem:
         the store then: the caller publishes again)."""
         inode = self.ns.maybe_get(ino)
         if inode is None or not inode.dirty or not inode.parent:
+            self._forget_trackers(ino)
             return True
         rt = self._rt(ino)
         started = time.monotonic()
@@ -991,6 +991,7 @@ class Filesystem:
         async with rt.lock:
             inode = self.ns.maybe_get(ino)
             if inode is None or not inode.parent or not inode.dirty:
+                rt.trackers.clear()
                 return True
             if inode.ver != ver:
                 log.debug("inode %d closed again while uploading; publishing again", ino)
@@ -1013,6 +1014,12 @@ class Filesystem:
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
         return True
+
+    def _forget_trackers(self, ino: int) -> None:
+        rt = self.runtime.get(ino)
+        if rt is not None:
+            rt.trackers.clear()
+            self._drop_rt(ino)
 
     async def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
