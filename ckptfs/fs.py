@@ -264,6 +264,8 @@ class Filesystem:
         changed_locally = (self._dir_mutations.get(dir_inode.ino, 0) != mutations
                            or dir_inode.ino in self._busy_dirs)
         local = dict(self.ns.children(dir_inode.ino))
+        if not changed_locally:
+            self._drop_hostile_dir_ids(dir_inode, fetched, remote, local, corrupt)
         for name, (entry, etag) in fetched.items():
             ino = local.get(name)
             if ino is None:
@@ -304,6 +306,52 @@ class Filesystem:
         dir_inode.listed_at = started
         self.ns.save(dir_inode)
 
+    def _drop_hostile_dir_ids(self, dir_inode: Inode, fetched: dict, remote: dict,
+                              local: dict, corrupt: set[bytes]) -> None:
+        """Directory ids must form a tree: an entry naming the id of this directory or
+        of one of its ancestors (an endless tree), or an id another name of this
+        listing already has (one directory twice), answers EIO for that name.  An id
+        this node knows under a name elsewhere is a directory another node moved here:
+        the old place is forgotten.  (Part of the apply phase: no await.)"""
+        ancestors = set()
+        cur = dir_inode
+        while True:
+            ancestors.add(cur.dir_id)
+            if cur.ino == ROOT_INO or not cur.parent:
+                break
+            cur = self.ns.get(cur.parent)
+        claimed: dict[str, bytes] = {}
+        for name in sorted(fetched):
+            entry, _ = fetched[name]
+            if entry.type != "dir":
+                continue
+            reason = None
+            if entry.id in ancestors:
+                reason = "names its own ancestor (a directory loop)"
+            elif entry.id in claimed:
+                reason = f"has the same directory id as {claimed[entry.id]!r}"
+            else:
+                claimed[entry.id] = name
+                holder = self.ns.ino_of_dir_id(entry.id)
+                holder_inode = self.ns.maybe_get(holder) if holder is not None else None
+                if holder_inode is not None and holder != local.get(name) \
+                        and holder_inode.parent:
+                    if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
+                        # Both names listed: an alias, unless the other one is the
+                        # claimed source of a rename to this name (decision 0006).
+                        other = fetched.get(holder_inode.name)
+                        if other is None or other[0].moving_to != \
+                                entry_key(dir_inode.dir_id, name):
+                            reason = f"has the same directory id as {holder_inode.name!r}"
+                    elif holder_inode.parent != dir_inode.ino and \
+                            not self._is_open(holder) and holder not in self._busy_dirs:
+                        self._forget_subtree(holder_inode)   # moved here by another node
+            if reason is not None:
+                log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
+                          dir_prefix(dir_inode.dir_id), reason)
+                corrupt.add(name)
+                del fetched[name]
+
     def _adopt_entry(self, parent: int, name: bytes, entry: Entry, etag: str) -> Inode:
         size = len(entry.target) if entry.target is not None else entry.size
         return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
@@ -329,6 +377,8 @@ class Filesystem:
     # ------------------------------------------------------------------ lookups
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
+        if len(name) > 255:
+            raise FsError(errno.ENAMETOOLONG)
         if name == b".":
             return self._dir(parent)
         if name == b"..":
@@ -1520,13 +1570,19 @@ class Filesystem:
         return inode
 
     async def files_under(self, inode: Inode, prefix: bytes = b"") -> list[tuple[bytes, Inode]]:
-        if inode.type == "file":
-            return [(prefix, inode)]
-        if inode.type != "dir":
-            return []
-        out = []
-        for name, child in await self.listdir(inode.ino):
-            out += await self.files_under(child, prefix + b"/" + name if prefix else name)
+        """Every file below ``inode`` (a walk without recursion: a deep or hostile tree
+        cannot exhaust the stack; each directory id is visited once)."""
+        out: list[tuple[bytes, Inode]] = []
+        stack = [(prefix, inode)]
+        seen: set[str] = set()
+        while stack:
+            path, node = stack.pop()
+            if node.type == "file":
+                out.append((path, node))
+            elif node.type == "dir" and node.dir_id not in seen:
+                seen.add(node.dir_id)
+                for name, child in reversed(await self.listdir(node.ino)):
+                    stack.append((path + b"/" + name if path else name, child))
         return out
 
     async def warm(self, inode: Inode, on_bytes: Callable[[int], None]) -> None:

@@ -95,13 +95,14 @@ class Namespace:
         path.mkdir(parents=True, exist_ok=True)
         # sync=False: a daemon crash loses nothing (the map lives in the page cache);
         # callers call ``sync()`` where a power cut must not lose a journal record.
-        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=8, sync=False,
+        self.env = lmdb.open(str(path), map_size=map_size, max_dbs=16, sync=False,
                              metasync=False, lock=True)
         self.db_inodes = self.env.open_db(b"inodes")
         self.db_dentries = self.env.open_db(b"dentries")
         self.db_journal = self.env.open_db(b"journal")
         self.db_chunks = self.env.open_db(b"known_chunks")
         self.db_meta = self.env.open_db(b"meta")
+        self.db_dir_ids = self.env.open_db(b"dir_ids")      # directory id -> inode
         self._cache: dict[int, Inode] = {}
         with self.env.begin(write=True) as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
@@ -157,12 +158,25 @@ class Namespace:
                           parent=parent, name=name, **extra)
             txn.put(_k(ino), inode.encode(), db=self.db_inodes)
             txn.put(_k(parent) + name, _k(ino), db=self.db_dentries)
+            if inode.dir_id:
+                txn.put(inode.dir_id.encode(), _k(ino), db=self.db_dir_ids)
         self._cache[ino] = inode
         return inode
 
+    def ino_of_dir_id(self, dir_id: str) -> int | None:
+        """The inode this node holds for a directory id, if any."""
+        with self.env.begin() as txn:
+            raw = txn.get(dir_id.encode(), db=self.db_dir_ids)
+        return None if raw is None else _U64.unpack(raw)[0]
+
     def delete_inode(self, ino: int) -> None:
+        inode = self.maybe_get(ino)
         with self.env.begin(write=True) as txn:
             txn.delete(_k(ino), db=self.db_inodes)
+            if inode is not None and inode.dir_id:
+                key = inode.dir_id.encode()
+                if txn.get(key, db=self.db_dir_ids) == _k(ino):
+                    txn.delete(key, db=self.db_dir_ids)
         self._cache.pop(ino, None)
 
     def all_inodes(self) -> Iterator[Inode]:

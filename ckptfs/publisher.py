@@ -147,7 +147,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
     """Upload whatever is not yet uploaded and return the file's chunk list."""
     count = math.ceil(size / chunk_size)
     result: list[tuple[str, int] | None] = [None] * count
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
 
     async def one(index: int) -> None:
         offset = index * chunk_size
@@ -160,7 +160,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
                 return
         try:
             result[index] = await uploader.upload(path, offset, length)
-        except BaseException as exc:  # collected: the first one is raised below
+        except Exception as exc:  # collected: the first one is raised below
             errors.append(exc)
 
     async with trio.open_nursery() as nursery:

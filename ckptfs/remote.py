@@ -139,7 +139,8 @@ class Entry:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise BadEntry(f"bad {name} {value!r}")
             ints[name] = value
-        mode = ints["mode"] & 0o7777
+        # Permission and sticky bits only: setuid/setgid from a store are never honoured.
+        mode = ints["mode"] & 0o1777
         entry = cls(type=kind, mode=mode, uid=ints["uid"], gid=ints["gid"],
                     mtime_ns=ints["mtime_ns"], size=ints["size"],
                     staged=bool(doc.get("staged", False)))

@@ -142,7 +142,7 @@ class ChunkCache:
         self.limiter = fetch_limiter
         self.verify_attempts = verify_attempts
         self._inflight: dict[str, trio.Event] = {}
-        self._failed: dict[str, BaseException] = {}
+        self._failed: dict[str, Exception] = {}
         self._lru: OrderedDict[str, int] = OrderedDict()
         self._pinned: dict[str, int] = {}
         self._fds: OrderedDict[str, int] = OrderedDict()
@@ -238,7 +238,8 @@ class ChunkCache:
             self.total += length
             self._evict()
             return path
-        except BaseException as exc:
+        except Exception as exc:
+            # A cancelled fetch is not a failed chunk: waiters simply fetch again.
             self._failed[sha] = exc
             raise
         finally:
