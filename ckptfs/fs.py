@@ -50,6 +50,7 @@ class Config:
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
     writeback_cache: bool = False      # kernel write-back caching (experimental)
     rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
+    stale_wait: float = 2.0            # a slow listing is answered from local metadata
     # Formats whose structure is checked before a close publishes (formats.FORMATS).
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
 
@@ -126,6 +127,9 @@ class Filesystem:
         self.read_requests = 0
         self._dir_mutations: dict[int, int] = {}
         self._refreshing: dict[int, trio.Event] = {}
+        self._refresh_failed: dict[int, FsError] = {}
+        self._refresh_started: dict[int, float] = {}
+        self._serving_stale = False
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
@@ -201,19 +205,55 @@ class Filesystem:
     # ------------------------------------------------------------------ remote listing
 
     async def refresh_dir(self, ino: int, force: bool = False) -> None:
-        """Merge the store's listing of a directory into the namespace (TTL-limited)."""
+        """Merge the store's listing of a directory into the namespace (TTL-limited).
+
+        Stale is better than hung: when this node has listed the directory before and
+        the store does not answer within ``stale_wait``, the caller goes on with what
+        the node knows (said once in the log) while the refresh finishes in the
+        background.  A directory never listed, or a ``force`` refresh (rmdir, rename
+        over a directory), waits for the store and fails with its error."""
         inode = self._dir(ino)
         if not force and time.time() - inode.listed_at < self.config.metadata_ttl:
             return
         event = self._refreshing.get(ino)
-        if event is not None:
+        if event is None:
+            event = self._refreshing[ino] = trio.Event()
+            self._refresh_started[ino] = trio.current_time()
+            self.nursery.start_soon(self._refresh_in_background, ino, event)
+        if force or not inode.listed_at:
+            await event.wait()
+            error = self._refresh_failed.get(ino)
+            if error is not None:
+                raise FsError(error.errno, error.reason)
+            return
+        # One wait per slow listing, not one per request: once a refresh has been
+        # pending for ``stale_wait``, later requests answer at once.
+        waited = trio.current_time() - self._refresh_started.get(ino, trio.current_time())
+        with trio.move_on_after(max(0.0, self.config.stale_wait - waited)):
             await event.wait()
             return
-        event = self._refreshing[ino] = trio.Event()
+        if not self._serving_stale:
+            log.warning("the store is slow to list %s: answering from this node's metadata "
+                        "(said once)", self._path_for_log(inode))
+        self._serving_stale = True
+
+    async def _refresh_in_background(self, ino: int, event: trio.Event) -> None:
         try:
-            await self._refresh_dir(inode)
+            inode = self.ns.maybe_get(ino)
+            if inode is not None and inode.type == "dir":
+                await self._refresh_dir(inode)
+            self._refresh_failed.pop(ino, None)
+            self._serving_stale = False
+        except FsError as exc:
+            if ino not in self._refresh_failed:   # once per outage, not every TTL
+                log.warning("listing directory inode %d failed: %s", ino, exc)
+            self._refresh_failed[ino] = exc
+        except Exception as exc:  # a background task must never take the daemon down
+            self._refresh_failed[ino] = FsError(errno.EIO, str(exc))
+            log.exception("listing inode %d failed", ino)
         finally:
             del self._refreshing[ino]
+            self._refresh_started.pop(ino, None)
             event.set()
 
     async def _refresh_dir(self, dir_inode: Inode) -> None:

@@ -72,3 +72,42 @@ def test_names_over_255_bytes_answer_enametoolong(store, make_mount):
         with pytest.raises(OSError) as info:
             call()
         assert info.value.errno == errno.ENAMETOOLONG
+
+
+def test_known_names_answer_from_local_metadata_while_the_store_hangs(local_store, make_mount,
+                                                                      tmp_path):
+    import threading
+    import time
+    control = tmp_path / "faults.json"
+    control.write_text('{"rules": []}')
+    mnt = make_mount(local_store, durability="async",
+                     faults={"rules": [], "control_file": str(control)})
+    (mnt.path / "run").mkdir()
+    (mnt.path / "run" / "model.bin").write_bytes(b"weights")
+    os.listdir(mnt.path / "run")
+    # The store stops answering listings and entry reads (30 s each, longer than the
+    # bound below).
+    control.write_text(json.dumps({"rules": [
+        {"op": "list", "kind": "delay", "delay": 30},
+        {"op": "get", "prefix": "dirs/", "kind": "delay", "delay": 30}]}))
+    time.sleep(1.5)   # past the metadata TTL: the next lookups want a fresh listing
+    results = {}
+
+    def work():
+        results["ls"] = sorted(os.listdir(mnt.path / "run"))
+        results["stat"] = os.stat(mnt.path / "run" / "model.bin").st_size
+        results["read"] = (mnt.path / "run" / "model.bin").read_bytes()
+        (mnt.path / "run" / "new.bin").write_bytes(b"saved while the store hangs")
+        results["new"] = (mnt.path / "run" / "new.bin").read_bytes()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(20)   # a correctness bound (the store would take 30 s per call)
+    assert not worker.is_alive(), f"hung; got only {results}"
+    assert results["ls"] == ["model.bin"]
+    assert results["stat"] == 7 and results["read"] == b"weights"
+    assert results["new"] == b"saved while the store hangs"
+    control.write_text('{"rules": []}')
+    assert run_ckptfs("wait", str(mnt.path), timeout=120).returncode == 0
+    fresh = make_mount(local_store, name="fresh")
+    assert (fresh.path / "run" / "new.bin").read_bytes() == b"saved while the store hangs"
