@@ -153,6 +153,17 @@ def set_readahead(mountpoint: Path, kb: int) -> bool:
         return True
 
 
+def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:
+    """Staged bytes of killed writers older than ``cutoff`` (blocking: run in a thread)."""
+    out = []
+    for path in sorted(directory.iterdir()):
+        if path.stat().st_mtime < cutoff:
+            out.append(path.name)
+            if not dry_run:
+                path.unlink()
+    return out
+
+
 def sd_notify(message: str) -> None:
     target = os.environ.get("NOTIFY_SOCKET")
     if not target:
@@ -382,13 +393,8 @@ class Daemon:
             lambda: collect(fs.store, self.config.chunk_size, grace, dry_run,
                             progress=messages.append))
         # Local leftovers: staged bytes of killed writers, past the grace period.
-        abandoned = []
-        cutoff = time.time() - grace
-        for path in sorted((self.opts.state_dir / "abandoned").iterdir()):
-            if path.stat().st_mtime < cutoff:
-                abandoned.append(path.name)
-                if not dry_run:
-                    path.unlink()
+        abandoned = await trio.to_thread.run_sync(
+            sweep_abandoned, self.opts.state_dir / "abandoned", time.time() - grace, dry_run)
         await send({"done": True, "ok": True, "dry_run": dry_run,
                     "staged_trees": report.staged_trees,
                     "entries_deleted": report.entries_deleted,

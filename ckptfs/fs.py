@@ -692,7 +692,7 @@ class Filesystem:
                 data = await trio.to_thread.run_sync(path.read_bytes)
             finally:
                 self.cache.unpin(sha)
-            os.pwrite(fd, data, offset)
+            await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
             offset += length
 
     def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
@@ -899,6 +899,7 @@ class Filesystem:
         if self.config.durability == "async":
             self._journal_publish(inode)
             self._seals_after_close(inode, wait=False)
+            await self._sync_journal()
             return
         await self.publish_now(inode.ino)
         await self._seals_after_close(inode, wait=True)
@@ -969,7 +970,7 @@ class Filesystem:
             raise FsError(session.failed, "an earlier write failed")
         fd = self.staging.fd(handle.ino, session.ver)
         await trio.to_thread.run_sync(os.fsync, fd)
-        self.ns.sync()
+        await self._sync_journal()
         if self.config.durability == "sync":
             size = self.staging.size(handle.ino, session.ver)
             self._ref(rt, session.ver)
@@ -985,8 +986,11 @@ class Filesystem:
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino not in self.queue.queued:
             self.ns.journal_add({"op": "publish", "ino": inode.ino})
-        self.ns.sync()
         self.queue.submit(inode.ino)
+
+    async def _sync_journal(self) -> None:
+        """Make the journal durable against a power cut (fsync of LMDB, in a thread)."""
+        await trio.to_thread.run_sync(self.ns.sync)
 
     def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
         """Keep a working version out of sight: move its staging file aside (for
@@ -1100,6 +1104,7 @@ class Filesystem:
             if inode.local_copy and rt.session is None:
                 self.cache.track_local(ino, size)
             self.ns.save(inode)
+        await self.cache.collect()
         self.uploader.stats.publishes += 1
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
@@ -1370,7 +1375,7 @@ class Filesystem:
         # briefly see both names, never neither.
         seq = self.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
                                    "delete": old_key, "claim": claim_etag})
-        self.ns.sync()
+        await self._sync_journal()
         try:
             new_etag = await self._store(self.store.put, new_key, body)
         except BaseException:
@@ -1543,7 +1548,8 @@ class Filesystem:
             targets.append(parent.ino)
         if profiles.is_pointer(inode.name) and inode.size <= 4096:
             try:
-                content = os.pread(self.staging.fd(inode.ino, inode.ver), 4096, 0)
+                with open(self.staging.path(inode.ino, inode.ver), "rb") as f:
+                    content = f.read(4096)
             except (OSError, FsError):
                 content = b""
             for name in profiles.pointed_names(inode.name, content):

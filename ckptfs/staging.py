@@ -148,6 +148,7 @@ class ChunkCache:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self.total = 0
         self.corrupt_events = 0
+        self._doomed: list[Path] = []     # evicted chunk files still to unlink
         root.mkdir(parents=True, exist_ok=True)
         for path in root.glob("*/*"):
             if path.name.startswith("."):
@@ -237,6 +238,7 @@ class ChunkCache:
             self._lru[sha] = length
             self.total += length
             self._evict()
+            await self.collect()
             return path
         except Exception as exc:
             # A cancelled fetch is not a failed chunk: waiters simply fetch again.
@@ -306,10 +308,21 @@ class ChunkCache:
             size = self._lru.pop(sha)
             self.total -= size
             self._close_fd(sha)
-            try:
-                self.path(sha).unlink()
-            except FileNotFoundError:
-                pass
+            self._doomed.append(self.path(sha))
+
+    async def collect(self) -> None:
+        """Unlink evicted chunk files in a worker thread (never on the trio loop)."""
+        if self._doomed:
+            doomed, self._doomed = self._doomed, []
+            await trio.to_thread.run_sync(_unlink_all, doomed)
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
