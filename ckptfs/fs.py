@@ -985,7 +985,7 @@ class Filesystem:
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino not in self.queue.queued:
-            self.ns.journal_add({"op": "publish", "ino": inode.ino})
+            self.ns.publish_pending_add(inode.ino)
         self.queue.submit(inode.ino)
 
     async def _sync_journal(self) -> None:
@@ -1052,9 +1052,7 @@ class Filesystem:
         return True
 
     def _journal_done_publish(self, ino: int) -> None:
-        for seq, record in self.ns.journal():
-            if record.get("op") == "publish" and record.get("ino") == ino:
-                self.ns.journal_done(seq)
+        self.ns.publish_pending_done(ino)
 
     async def _publish(self, ino: int) -> bool:
         """Publish the inode's closed version.  True when the inode is clean afterwards;
@@ -1501,6 +1499,13 @@ class Filesystem:
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
+        for ino in self.ns.publish_pending():
+            inode = self.ns.maybe_get(ino)
+            if inode is None or not inode.dirty or \
+                    not self.staging.exists(inode.ino, inode.ver):
+                self.ns.publish_pending_done(ino)
+                continue
+            self.queue.submit(ino)
         for seq, record in self.ns.journal():
             op = record.get("op")
             if op == "rename":
@@ -1511,13 +1516,13 @@ class Filesystem:
                     await self._store(self.store.delete, record["delete"])
                 self.ns.journal_done(seq)
                 log.info("finished an interrupted rename to %s", record["put"])
-            elif op == "publish":
+            elif op == "publish":   # written by versions before the pending index
+                self.ns.journal_done(seq)
                 inode = self.ns.maybe_get(record["ino"])
-                if inode is None or not inode.dirty or \
-                        not self.staging.exists(inode.ino, inode.ver):
-                    self.ns.journal_done(seq)
-                    continue
-                self.queue.submit(inode.ino)
+                if inode is not None and inode.dirty and \
+                        self.staging.exists(inode.ino, inode.ver):
+                    self.ns.publish_pending_add(inode.ino)
+                    self.queue.submit(inode.ino)
             else:
                 log.error("unknown journal record %r dropped", record)
                 self.ns.journal_done(seq)

@@ -103,6 +103,7 @@ class Namespace:
         self.db_chunks = self.env.open_db(b"known_chunks")
         self.db_meta = self.env.open_db(b"meta")
         self.db_dir_ids = self.env.open_db(b"dir_ids")      # directory id -> inode
+        self.db_publish = self.env.open_db(b"pending_publish")   # inode -> closed, unpublished
         self._cache: dict[int, Inode] = {}
         with self.env.begin(write=True) as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
@@ -255,6 +256,22 @@ class Namespace:
         with self.env.begin() as txn:
             return [(_U64.unpack(k)[0], json.loads(v))
                     for k, v in txn.cursor(db=self.db_journal)]
+
+    # ------------------------------------------------------------------ pending publishes
+    # Keyed by inode (not in the ordered journal): adding or finishing one is O(1) however
+    # many files a checkpoint has.
+
+    def publish_pending_add(self, ino: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.put(_k(ino), b"1", db=self.db_publish)
+
+    def publish_pending_done(self, ino: int) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.delete(_k(ino), db=self.db_publish)
+
+    def publish_pending(self) -> list[int]:
+        with self.env.begin() as txn:
+            return [_U64.unpack(k)[0] for k, _ in txn.cursor(db=self.db_publish)]
 
     # ------------------------------------------------------------------ chunks known to be in the store
 

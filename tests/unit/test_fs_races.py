@@ -97,7 +97,8 @@ def test_rewrite_during_background_publish_ends_with_the_new_version(tmp_path):
         await write_file(fs, inode.ino, b"B" * (3 * CS + 100))
         await fs.queue.wait_idle()
         final = fs.ns.get(inode.ino)
-        assert not final.dirty and not fs.queue.queued and fs.ns.journal() == []
+        assert not final.dirty and not fs.queue.queued and fs.ns.journal() == [] \
+            and fs.ns.publish_pending() == []
         assert stored(fs, "root", b"f") == b"B" * (3 * CS + 100)
 
     run(tmp_path, body, durability="async", chunk_size=CS, upload_concurrency=4)

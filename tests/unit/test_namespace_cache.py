@@ -105,3 +105,15 @@ def test_lru_eviction_respects_pins(tmp_path):
         cache.unpin(shas[0])
 
     trio.run(main)
+
+
+def test_pending_publishes_are_indexed_by_inode(tmp_path):
+    ns = Namespace(tmp_path / "meta")
+    for ino in range(100, 1100):
+        ns.publish_pending_add(ino)
+    ns.publish_pending_done(500)
+    ns.publish_pending_add(100)          # idempotent
+    pending = ns.publish_pending()
+    assert len(pending) == 999 and 500 not in pending and pending[0] == 100
+    ns.close()
+    assert Namespace(tmp_path / "meta").publish_pending() == pending
