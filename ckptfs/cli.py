@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--checkpoint-formats",
                    help="formats whose structure is checked before a close publishes "
                         "(default torch,safetensors,npy,pickle; empty: none)")
+    m.add_argument("--lease-ttl", help="seconds a node's seal lease lives unrenewed "
+                   "(default 30; see docs/decisions/0004)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
-                  "fetch_concurrency", "gc_grace", "writeback_cache", "checkpoint_formats")
+                  "fetch_concurrency", "gc_grace", "writeback_cache", "checkpoint_formats",
+                  "lease_ttl")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -190,7 +193,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     fetch_concurrency=settings.fetch_concurrency,
                     gc_grace=settings.gc_grace, profiles=settings.profiles,
                     writeback_cache=settings.writeback_cache,
-                    checkpoint_formats=settings.checkpoint_formats)
+                    checkpoint_formats=settings.checkpoint_formats,
+                    lease_ttl=settings.lease_ttl)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan
@@ -288,6 +292,13 @@ def cmd_commit(path: Path) -> int:
             if reply.get("error"):
                 return fail(reply["error"])
             if reply.get("done"):
+                pending = reply.get("pending")
+                if pending:
+                    print(f"ckptfs: seal pending: {path} waits for node(s) "
+                          f"{', '.join(pending['waiting_for'])} still writing below it"
+                          + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
+                          + "; it completes by itself, `ckptfs status` shows it")
+                    return 3
                 print(f"ckptfs: {'sealed' if reply['sealed'] else 'already visible'}: {path}")
                 return 0
     except ConnectionError as exc:

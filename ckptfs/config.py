@@ -92,6 +92,7 @@ _KEYS = {
     "gc_grace": parse_seconds,
     "writeback_cache": parse_bool,
     "checkpoint_formats": parse_checkpoint_formats,
+    "lease_ttl": _number(float, "a number of seconds", zero_ok=False),
 }
 
 
@@ -110,6 +111,7 @@ class Settings:
     gc_grace: float = 24 * 3600.0
     writeback_cache: bool = False
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
+    lease_ttl: float = 30.0
     profiles: Profiles = field(default_factory=Profiles)
 
 

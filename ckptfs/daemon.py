@@ -228,6 +228,8 @@ class Daemon:
                 try:
                     await nursery.start(fs.queue.run)
                     await fs.start()
+                    fs.leases.restore()
+                    await nursery.start(fs.leases.run)
                     await nursery.start(self._serve_control, control_path)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
@@ -239,6 +241,7 @@ class Daemon:
                 log.info("unmounted %s; finishing %d pending uploads", opts.mountpoint,
                          fs.pending_uploads())
                 await fs.queue.wait_idle()
+                await fs.leases.shutdown()
                 nursery.cancel_scope.cancel()
         finally:
             staging.close_all()
@@ -348,7 +351,11 @@ class Daemon:
             if command == "status":
                 await send({"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
                             "store": self.opts.store_url, "durability": self.config.durability,
-                            "fs": fs.stats(), "store_stats": self.stats.snapshot()})
+                            "fs": fs.stats(), "store_stats": self.stats.snapshot(),
+                            "node_id": fs.leases.node_id,
+                            "pending_seals": fs.leases.pending_report(),
+                            "held_leases": fs.leases.held_report(),
+                            "lease_requests": vars(fs.leases.stats)})
             elif command in ("umount", "wait"):
                 while fs.pending_uploads():
                     await send({"pending_uploads": fs.pending_uploads(),
@@ -383,7 +390,8 @@ class Daemon:
         except FsError as exc:
             await send({"error": f"{path}: {os.strerror(exc.errno)}"})
             return
-        await send({"done": True, "ok": True, "sealed": sealed})
+        await send({"done": True, "ok": True, "sealed": sealed,
+                    "pending": fs.leases.pending_of(inode.ino)})
 
     async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:
         from .gc import collect
@@ -401,6 +409,7 @@ class Daemon:
                     "chunks_deleted": report.chunks_deleted,
                     "chunk_bytes_deleted": report.chunk_bytes_deleted,
                     "chunks_kept": report.chunks_kept,
+                    "leases_deleted": report.leases_deleted,
                     "local_abandoned": abandoned})
 
     async def _prefetch(self, fs: Filesystem, path: str, send) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .errors import FsError
+from .leases import LeaseManager
 from .namespace import ROOT_INO, Inode, Namespace
 from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
@@ -53,6 +54,7 @@ class Config:
     stale_wait: float = 2.0            # a slow listing is answered from local metadata
     # Formats whose structure is checked before a close publishes (formats.FORMATS).
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
+    lease_ttl: float = 30.0            # cluster seal leases (docs/decisions/0004)
 
 
 @dataclass
@@ -140,6 +142,10 @@ class Filesystem:
             slot=self._background_slot if config.durability == "async" else None)
         self._trickle = trio.CapacityLimiter(1)
         self.queue = PublishQueue(self._publish_from_queue)
+        self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
+                                   lambda ino: getattr(self.runtime.get(ino), "session", None)
+                                   is not None,
+                                   lambda ino: ino in self.queue.queued, self.seal)
 
     # ------------------------------------------------------------------ helpers
 
@@ -537,6 +543,7 @@ class Filesystem:
         session.tracker.reset()
         session.wrote = True  # creating the file is a change worth publishing
         handle = self._new_handle(inode, opener, writable=True)
+        await self.leases.writing(inode)
         self._mark_parent_changed(self.ns.get(parent))
         return handle, inode
 
@@ -602,7 +609,10 @@ class Filesystem:
         inode = self.ns.get(ino)
         if not inode.parent:
             raise FsError.enoent("removed while opening")
-        return self._new_handle(inode, opener, writable)
+        handle = self._new_handle(inode, opener, writable)
+        if writable:
+            await self.leases.writing(inode)
+        return handle
 
     def open_flags(self, handle: Handle) -> tuple[bool, bool]:
         """(keep_cache, direct_io) for the kernel.  The page cache of an inode is shared
@@ -1000,6 +1010,7 @@ class Filesystem:
         session = rt.session
         if session is None:
             return
+        self.leases.abandoned(inode)
         rt.session = None
         if keep:
             kept = self.staging.abandon(inode.ino, session.ver)
@@ -1106,6 +1117,7 @@ class Filesystem:
         self.uploader.stats.publishes += 1
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
+        self.leases.settle(ino)
         return True
 
     def _forget_trackers(self, ino: int) -> None:
@@ -1140,6 +1152,7 @@ class Filesystem:
                 # Closed but not yet published (e.g. the publish failed): keep trying.
                 self._journal_publish(inode)
         self._drop_rt(handle.ino)
+        self.leases.settle(handle.ino)
 
     def _delete_inode(self, inode: Inode) -> None:
         self.cache.untrack_local(inode.ino)
@@ -1153,6 +1166,7 @@ class Filesystem:
         self.ns.delete_inode(inode.ino)
         self.queue.discard(inode.ino)
         self._journal_done_publish(inode.ino)
+        self.leases.settle(inode.ino)
 
     # ------------------------------------------------------------------ attributes
 
@@ -1290,13 +1304,16 @@ class Filesystem:
             # The renamed tree must appear complete: let its pending uploads land first.
             while self._pending_under(inode.ino):
                 await trio.sleep(0.05)
+        # Renaming a staged directory seals it, unless other nodes still write below it
+        # (leases): then it moves, stays staged, and its seal is pending (0004).
+        seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
         # A listing of either directory applied while the two store steps are under way
         # would see the old name gone and forget it: mark both busy until the move.
         busy = {inode.parent, new_parent}
         for d in busy:
             self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
         try:
-            await self._rename_locked(inode, new_dir, new_parent, new_name, target)
+            await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals)
         finally:
             for d in busy:
                 self._busy_dirs[d] -= 1
@@ -1312,7 +1329,7 @@ class Filesystem:
             self._seals_after_close(inode, wait=False)
 
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
-                             new_name: bytes, target: Inode | None) -> None:
+                             new_name: bytes, target: Inode | None, seals: bool = True) -> None:
         """The store steps and the namespace move, under the locks of the renamed inode
         and of the one it replaces (a publish of either finishes first), taken in inode
         order so two crossing renames cannot deadlock."""
@@ -1327,10 +1344,10 @@ class Filesystem:
             old_key = entry_key(old_dir.dir_id, inode.name)
             new_key = entry_key(new_dir.dir_id, new_name)
             if inode.published:
-                await self._move_entry(inode, old_key, new_key)
+                await self._move_entry(inode, old_key, new_key, seals)
             elif target is not None and target.published:
                 await self._store(self.store.delete, new_key)
-            inode.staged = False  # a rename seals a staged directory
+            inode.staged = inode.staged and not seals  # a rename seals a staged directory
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)
@@ -1344,7 +1361,8 @@ class Filesystem:
         if target is not None:
             self._drop_rt(target.ino)
 
-    async def _move_entry(self, inode: Inode, old_key: str, new_key: str) -> None:
+    async def _move_entry(self, inode: Inode, old_key: str, new_key: str,
+                          seals: bool = True) -> None:
         """Move a published entry between keys, safe against other nodes (decision
         0003): read the entry as the store has it, *claim* it with a compare-and-swap on
         its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
@@ -1367,7 +1385,7 @@ class Filesystem:
         else:
             raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
         moved = self._entry_of(inode)
-        moved.staged = False
+        moved.staged = moved.staged and not seals
         body = moved.to_json()
         # Journal the rest: a crash from here on is finished on restart, so a reader may
         # briefly see both names, never neither.
@@ -1590,6 +1608,8 @@ class Filesystem:
         inode = self.ns.get(ino)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
+        if not await self.leases.may_seal(ino):
+            return False  # other nodes still write below it: pending (leases.py)
         while self._pending_under(ino):
             await trio.sleep(0.05)
         rt = self._rt(ino)

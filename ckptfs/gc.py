@@ -1,5 +1,6 @@
 """Garbage collection over the remote format: staged checkpoint trees older than the
-grace period, then chunks no entry references (mark and sweep).  Works on the
+grace period (unless a node still renews a seal lease below them), seal leases not
+renewed within the grace period, then chunks no entry references (mark and sweep).  Works on the
 ``ObjectStore`` alone (blocking; run it in a thread); knows nothing of inodes or FUSE.
 Nothing younger than the grace period is ever touched, so a writer still uploading
 chunks, or a checkpoint still being written, is safe.
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .leases import LEASE_ROOT, lease_prefix
 from .remote import ROOT_DIR_ID, BadEntry, Entry, decode_name, dir_prefix
 from .store import NotFound, ObjectStore
 
@@ -27,6 +29,7 @@ class GcReport:
     chunk_bytes_deleted: int = 0
     chunks_kept: int = 0
     bad_entries: int = 0
+    leases_deleted: int = 0
 
 
 def collect(store: ObjectStore, chunk_size: int, grace: float, dry_run: bool,
@@ -74,7 +77,8 @@ def collect(store: ObjectStore, chunk_size: int, grace: float, dry_run: bool,
             except BadEntry:
                 continue
             child_path = f"{path}/{name}"
-            if entry.type == "dir" and entry.staged and entry.mtime_ns < cutoff_ns:
+            if entry.type == "dir" and entry.staged and entry.mtime_ns < cutoff_ns \
+                    and not any(o.mtime > cutoff for o in store.list(lease_prefix(entry.id))):
                 progress(f"staged tree {child_path}")
                 report.staged_trees.append(child_path)
                 delete_tree(entry.id)
@@ -87,6 +91,13 @@ def collect(store: ObjectStore, chunk_size: int, grace: float, dry_run: bool,
                 queue.append((entry.id, child_path))
             for sha, _ in entry.chunks:
                 referenced.add(sha)
+    # Leases nobody renewed within the grace period: their node died, or their tree was
+    # just reclaimed above (a live writer renews every lease_ttl / 3).
+    for obj in store.list(LEASE_ROOT):
+        if obj.mtime <= cutoff:
+            if not dry_run:
+                store.delete(obj.key)
+            report.leases_deleted += 1
     # Sweep: chunks nobody references, older than the grace period.
     for obj in store.list("chunks/"):
         sha = obj.key.rsplit("/", 1)[-1]
