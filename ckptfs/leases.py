@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 LEASE_ROOT = "leases/"
 DEAD_FACTOR = 2.0            # unrenewed for lease_ttl × this: the holder is dead
+MAX_POLL = 2.0               # a pending seal LISTs the leases at most this far apart
 _META_NODE = "lease_node_id"
 _META_HELD = "lease_held"
 _META_PENDING = "lease_pending"
@@ -235,6 +236,9 @@ class LeaseManager:
         if not held.files:
             held.idle_since = time.monotonic()
         self._persist_held()
+        p = self.pending.get(dir_ino)
+        if p is not None and p.local_writers:
+            p.next_check = 0.0     # it waited for this node's own writers: look again now
         self._wake.set()
 
     def abandoned(self, inode: Inode) -> None:
@@ -325,7 +329,7 @@ class LeaseManager:
             p = self.pending[d.ino] = Pending(d.ino, d.dir_id or "", time.time())
             self._persist_pending()
         else:
-            p.delay = min(p.delay * 1.5, max(self.renew_every, 0.2), 5.0)
+            p.delay = min(p.delay * 1.5, max(self.renew_every, 0.2), MAX_POLL)
         p.next_check = now + p.delay
         p.local_writers = local
         prefix = lease_prefix(p.dir_id)

@@ -214,6 +214,26 @@ def test_deepspeed_pointer_written_first_waits_for_the_other_node(store, make_mo
         assert (c.path / "run" / "global_step10" / name).read_bytes() == data
 
 
+def test_queued_async_upload_on_another_node_holds_the_seal(store, make_mount):
+    """Async durability: B's file is closed but its upload is still queued when A's mark
+    closes.  The lease stays until B's file is published."""
+    a = make_mount(store, name="a")
+    b = make_mount(store, name="b", durability="async", faults={"rules": [
+        {"op": "put", "prefix": "chunks/", "kind": "delay", "delay": 3}]})
+    c = make_mount(store, name="c")
+    (a.path / "checkpoint-6").mkdir()
+    assert eventually((b.path / "checkpoint-6").is_dir)
+    shard = os.urandom(1 << 20)
+    (b.path / "checkpoint-6" / "rng_state_1.pth").write_bytes(shard)   # returns at once
+    files = hf_rank0(a.path / "checkpoint-6")
+    time.sleep(1.5)
+    assert listing(c.path) == []
+    assert b.status()["held_leases"] != []
+    assert eventually(lambda: listing(c.path) == ["checkpoint-6"], timeout=60)
+    assert listing(c.path / "checkpoint-6") == sorted([*files, "rng_state_1.pth"])
+    assert (c.path / "checkpoint-6" / "rng_state_1.pth").read_bytes() == shard
+
+
 def test_renamed_staged_directory_stays_staged_until_leases_clear(store, make_mount):
     """Decision 0004: a rename still moves the directory at once (writers elsewhere carry
     on: they write by directory id) but it is listed only when no node writes below it."""
