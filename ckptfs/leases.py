@@ -24,6 +24,7 @@ FUSE, or of how a directory is sealed (the filesystem passes ``seal`` in).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -294,7 +295,7 @@ class LeaseManager:
         try:
             listing = await self._call(lambda: list(self.store.list(prefix)))
         except StoreError as exc:
-            raise FsError(5, f"listing leases failed: {exc}") from None
+            raise FsError(errno.EIO, f"listing leases failed: {exc}") from None
         self.stats.lists += 1
         others = [o for o in listing if o.key[len(prefix):] != self.node_id]
         if others:
@@ -318,7 +319,7 @@ class LeaseManager:
         except NotFound:
             return False
         except (StoreError, BadEntry) as exc:
-            raise FsError(5, f"checking {self._path(d.ino)} before sealing: {exc}") from None
+            raise FsError(errno.EIO, f"checking {self._path(d.ino)} before sealing: {exc}") from None
         return entry.type == "dir" and entry.id == d.dir_id and entry.staged
 
     def _record_pending(self, d: Inode, local: int, others: list) -> None:
@@ -501,7 +502,7 @@ class LeaseManager:
                     log.info("sealed %s: the last lease below it is gone", self._path(p.ino))
                 self._drop_pending(p.ino)
         except FsError as exc:
-            if exc.errno in (2, 20):     # ENOENT, ENOTDIR: gone or replaced
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):   # gone or replaced
                 self._drop_pending(p.ino)
             else:
                 log.warning("pending seal of %s: %s (retrying)", self._path(p.ino), exc)
