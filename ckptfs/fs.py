@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import logging
 import os
 import time
@@ -132,6 +133,7 @@ class Filesystem:
         self._refresh_failed: dict[int, FsError] = {}
         self._refresh_started: dict[int, float] = {}
         self._serving_stale = False
+        self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
@@ -906,6 +908,7 @@ class Filesystem:
             await self.drop_stale_entries()
             raise FsError(errno.EIO, f"incomplete checkpoint file: {reason}")
         self._commit(inode, rt, session, size)
+        self._hold_pointer(inode)
         if self.config.durability == "async":
             self._journal_publish(inode)
             self._seals_after_close(inode, wait=False)
@@ -913,6 +916,48 @@ class Filesystem:
             return
         await self.publish_now(inode.ino)
         await self._seals_after_close(inode, wait=True)
+        if inode.ino in self._held_pointers:
+            self._release_pointers()
+            if inode.ino not in self._held_pointers:
+                await self.publish_now(inode.ino)   # its checkpoint sealed at once
+
+    # A pointer file (`latest`, a Ray snapshot, ...) naming a checkpoint directory whose
+    # seal is still pending (another node's writers hold leases on it) is held back: a
+    # loader that follows the pointer by name must not reach an incomplete checkpoint.
+    # It publishes (in the background) once every directory it names is sealed or gone.
+
+    def _hold_pointer(self, inode: Inode) -> None:
+        targets = {t for t in self._seal_targets(inode) if t != inode.parent}
+        if targets:
+            self._held_pointers[inode.ino] = targets
+            self._persist_held_pointers()
+
+    def _release_pointers(self) -> None:
+        released = []
+        for ptr, targets in list(self._held_pointers.items()):
+            for t in list(targets):
+                target = self.ns.maybe_get(t)
+                if target is None or not target.parent or not target.staged:
+                    targets.discard(t)
+            if not targets:
+                del self._held_pointers[ptr]
+                released.append(ptr)
+        if not released:
+            return
+        self._persist_held_pointers()
+        for ptr in released:
+            inode = self.ns.maybe_get(ptr)
+            if inode is not None and inode.dirty and inode.parent:
+                self._journal_publish(inode)
+
+    def _persist_held_pointers(self) -> None:
+        self.ns.meta_put("held_pointers", json.dumps(
+            {str(k): sorted(v) for k, v in self._held_pointers.items()}))
+
+    def _restore_held_pointers(self) -> None:
+        raw = self.ns.meta_get("held_pointers")
+        if raw:
+            self._held_pointers = {int(k): set(v) for k, v in json.loads(raw).items()}
 
     async def drop_stale_entries(self) -> None:
         """Tell the kernel to forget names this node removed by itself (a killed
@@ -994,6 +1039,8 @@ class Filesystem:
                 self._unref(handle.ino, rt, session.ver)
 
     def _journal_publish(self, inode: Inode) -> None:
+        if inode.ino in self._held_pointers:
+            return   # published when the checkpoints it names are sealed
         if inode.ino not in self.queue.queued:
             self.ns.publish_pending_add(inode.ino)
         self.queue.submit(inode.ino)
@@ -1041,6 +1088,8 @@ class Filesystem:
     async def publish_now(self, ino: int) -> None:
         """Upload a closed version's chunks and write its entry; on failure, queue a
         retry and raise EIO."""
+        if ino in self._held_pointers:
+            return   # a pointer waits for the checkpoints it names
         try:
             for _ in range(3):
                 if await self._publish(ino):
@@ -1165,6 +1214,9 @@ class Filesystem:
                 self.staging.remove(ino, ver)
         self.ns.delete_inode(inode.ino)
         self.queue.discard(inode.ino)
+        if self._held_pointers:
+            self._held_pointers.pop(inode.ino, None)
+            self._release_pointers()
         self._journal_done_publish(inode.ino)
         self.leases.settle(inode.ino)
 
@@ -1517,6 +1569,8 @@ class Filesystem:
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
+        self._restore_held_pointers()
+        self._release_pointers()
         for ino in self.ns.publish_pending():
             inode = self.ns.maybe_get(ino)
             if inode is None or not inode.dirty or \
@@ -1628,6 +1682,7 @@ class Filesystem:
         self._touch_dir(inode.parent)
         log.info("sealed %s", self._path_for_log(inode))
         self.invalidate(inode.parent)
+        self._release_pointers()
         return True
 
     # ------------------------------------------------------------------ prefetch
@@ -1679,7 +1734,8 @@ class Filesystem:
     # ------------------------------------------------------------------ status
 
     def pending_uploads(self) -> int:
-        return len(self.queue.queued)
+        """Closed files not yet in the store (pointers held for their checkpoint too)."""
+        return len(self.queue.queued | set(self._held_pointers))
 
     def state_of(self, ino: int) -> str:
         inode = self.ns.get(ino)

@@ -199,10 +199,12 @@ def test_deepspeed_pointer_written_first_waits_for_the_other_node(store, make_mo
         writer.open(rank1)
         writer.write(rank1, shards[name1][:1000])
         (a.path / "run" / "latest").write_text("global_step10")
-        assert eventually(lambda: "latest" in listing(c.path / "run"))
-        time.sleep(1.5)
-        assert "global_step10" not in listing(c.path / "run")
+        time.sleep(2.5)
+        # Neither the checkpoint nor the pointer naming it shows anywhere yet: a loader
+        # following `latest` must not reach an incomplete checkpoint.
+        assert listing(c.path / "run") == []
         assert "global_step10" not in listing(a.path / "run")
+        assert not (c.path / "run" / "latest").exists()
         writer.write(rank1, shards[name1][1000:])
         writer.close(rank1)
     finally:
