@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -117,7 +118,13 @@ def _write_state(store: ObjectStore, state: GcState, etag: str | None,
         else:
             store.put(GC_STATE_KEY, body, if_match=etag)
     except PreconditionFailed:
-        raise GcConflict("another gc pass changed the gc state") from None
+        # A retried PUT whose first attempt landed also fails its condition: ours?
+        try:
+            current, _ = store.get(GC_STATE_KEY)
+        except NotFound:
+            current = b""
+        if current != body:
+            raise GcConflict("another gc pass changed the gc state") from None
     written_at = clock()
     for obj in store.list(GC_STATE_KEY):
         if obj.key == GC_STATE_KEY:
@@ -225,13 +232,14 @@ def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
     settle = max(settle, state.settle)
     if state.running and not dry_run:
         age = now - _state_mtime(store)
-        if age <= state.lease + state.settle / 2:
+        if age <= state.lease + state.settle:
             raise GcConflict(f"gc pass {state.generation} is {state.phase} (since "
                              f"{age:.0f}s); try again later")
         log.warning("gc pass %d was %s and outlived its lease: taking over",
                     state.generation, state.phase)
     generation = state.generation + 1
     report.generation = generation
+    owner = uuid.uuid4().hex
     candidates_set_key = state.candidates if state.running else state.next
     candidates = read_candidates(store, candidates_set_key) if candidates_set_key else \
         frozenset()
@@ -257,7 +265,7 @@ def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
     if candidates and not dry_run:
         etag, announced_at, marking_at = _write_state(store, GcState(
             generation=generation, phase=MARKING, candidates=candidates_set_key,
-            history=state.history, settle=settle, lease=MARK_DEADLINE + 3 * settle), etag,
+            history=state.history, settle=settle, owner=owner, lease=MARK_DEADLINE + 3 * settle), etag,
             clock)
         progress(f"pass {generation}: marking, {len(candidates)} candidate chunk(s)")
         wait(MARKING, settle)
@@ -272,7 +280,8 @@ def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
         if dry_run:
             return
         _write_state(store, GcState(generation=generation, phase=IDLE, next=next_key,
-                                    history=history, settle=settle), etag, clock)
+                                    history=history, settle=settle, owner=owner), etag,
+                     clock)
         _prune_sets(store, history, next_key)
 
     if report.bad_entries:
@@ -293,7 +302,7 @@ def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
             return
         etag, _, deleting_at = _write_state(store, GcState(
             generation=generation, phase=DELETING, candidates=candidates_set_key,
-            history=state.history, settle=settle, lease=2 * settle), etag, clock)
+            history=state.history, settle=settle, owner=owner, lease=2 * settle), etag, clock)
         progress(f"pass {generation}: deleting up to {len(doomed)} chunk(s)")
         wait(DELETING, settle)
         report.waited += settle

@@ -62,6 +62,7 @@ class GcState:
     settle: float = DEFAULT_SETTLE
     lease: float = 0.0                # running pass: seconds after this state's PUT
                                       # within which it sends its last DELETE
+    owner: str = ""                   # the gc run that wrote it (no two bodies alike)
 
     @property
     def running(self) -> bool:
@@ -71,7 +72,8 @@ class GcState:
         return json.dumps({"v": 1, "generation": self.generation, "phase": self.phase,
                            "candidates": self.candidates, "next": self.next,
                            "history": [[g, k] for g, k in self.history],
-                           "settle": self.settle, "lease": self.lease},
+                           "settle": self.settle, "lease": self.lease,
+                           "owner": self.owner},
                           separators=(",", ":")).encode()
 
     @classmethod
@@ -82,7 +84,8 @@ class GcState:
                         candidates=doc.get("candidates"), next=doc.get("next"),
                         history=[(int(g), k) for g, k in doc.get("history", [])],
                         settle=float(doc.get("settle", DEFAULT_SETTLE)),
-                        lease=float(doc.get("lease", 0.0)))
+                        lease=float(doc.get("lease", 0.0)),
+                        owner=str(doc.get("owner", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"{GC_STATE_KEY} is corrupt: {exc}") from None
         if state.phase not in (IDLE, MARKING, DELETING):
@@ -165,7 +168,9 @@ class ChunkLiveness:
                 waited_for = (state.generation, now)
                 log.info("chunk %s is being collected by gc pass %d: waiting for it to "
                          "finish", sha[:12], state.generation)
-            if now - waited_for[1] > state.lease + state.settle / 2:
+            # The pass sends no DELETE after its lease (counted from its PUT's response,
+            # up to settle/2 after we could first see it); one may take settle/2 to land.
+            if now - waited_for[1] > state.lease + state.settle:
                 log.warning("gc pass %d outlived its lease; going on", state.generation)
                 return GcState(generation=state.generation, settle=state.settle,
                                history=[*state.history, (state.generation, state.candidates)])
@@ -174,6 +179,10 @@ class ChunkLiveness:
         return state
 
     # ------------------------------------------------------------------ memory
+
+    # A memory is the generation of the first pass that could delete the chunk without
+    # this node noticing: verified under state generation g (idle, or running with the
+    # chunk not its candidate, or touched), pass g will not delete it, so g + 1.
 
     def memory_valid(self, sha: str, state: GcState) -> bool:
         """True if no pass that may have deleted ``sha`` started since we verified it."""
@@ -187,7 +196,7 @@ class ChunkLiveness:
         return not any(g >= seen_at and sha in self._set(key) for g, key in state.history)
 
     def remember(self, sha: str, generation: int) -> None:
-        self.memory[sha] = generation
+        self.memory[sha] = generation + 1
 
     # ------------------------------------------------------------------ uploader
 
@@ -204,7 +213,7 @@ class ChunkLiveness:
     def uploaded(self, sha: str, generation: int, action: str) -> None:
         if action == "put":
             self.touched[sha] = generation
-        self.memory[sha] = generation
+        self.remember(sha, generation)
 
     # ------------------------------------------------------------------ entry PUTs
 
@@ -223,7 +232,7 @@ class ChunkLiveness:
                         self.memory.pop(sha, None)
                         raise ChunkGone(f"chunk {sha[:12]} was collected by gc; "
                                         "publish again")
-                    self.memory[sha] = state.generation
+                    self.remember(sha, state.generation)
             state, fetched = self.state()
             if self.clock() - fetched <= self.fresh_for(state) and \
                     all(self.touched.get(s) == state.generation
@@ -240,7 +249,7 @@ class ChunkLiveness:
         self.store.put(chunk_key(sha), body, sha256=sha)
         self.touches += 1
         self.touched[sha] = generation
-        self.memory[sha] = generation
+        self.remember(sha, generation)
 
 
 def entry_chunks(body: bytes) -> list[str]:

@@ -275,8 +275,9 @@ class Namespace:
 
     # ------------------------------------------------------------------ chunks known to be in the store
 
-    # The value is the gc generation the chunk was last verified at (decision 0003),
-    # as JSON; "1" (written before gc generations existed) reads as unknown.
+    # The value is the first gc pass that could delete the chunk unnoticed, as
+    # ``ChunkLiveness`` remembers it (decision 0003), in JSON; "1" (written before gc
+    # generations existed) reads as unknown.
 
     def known_chunks(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}

@@ -52,7 +52,7 @@ class ChunkUploader:
         self.slot = slot              # held around each upload (async mode yields)
         self.liveness = liveness
         self.limiter = limiter
-        self.on_known = on_known      # persists (hash, gc generation) (trio thread)
+        self.on_known = on_known      # persists (hash, memory generation) (trio thread)
         self.stats = UploadStats()
 
     async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
@@ -61,7 +61,7 @@ class ChunkUploader:
                 sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
                     self._upload_sync, path, offset, length)
         if not remembered:
-            self.on_known(sha, generation)
+            self.on_known(sha, self.liveness.memory.get(sha) or generation + 1)
         if uploaded:
             self.stats.chunks_uploaded += 1
             self.stats.bytes_uploaded += length
