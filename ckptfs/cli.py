@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--fetch-concurrency", help="chunk downloads in flight (default 8)")
     m.add_argument("--gc-grace", help="seconds before gc may remove staged trees (default "
                    "86400)")
+    m.add_argument("--gc-settle", help="seconds gc lets writers see each announcement "
+                   "(recorded when this mount creates the store; default 600)")
     m.add_argument("--writeback-cache", action="store_const", const=True,
                    help="let the kernel buffer writes (experimental)")
     m.add_argument("--checkpoint-formats",
@@ -115,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
-                  "fetch_concurrency", "gc_grace", "writeback_cache", "checkpoint_formats",
-                  "lease_ttl")
+                  "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
+                  "checkpoint_formats", "lease_ttl")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -191,7 +193,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     cache_size=settings.cache_size, metadata_ttl=settings.metadata_ttl,
                     upload_concurrency=settings.upload_concurrency,
                     fetch_concurrency=settings.fetch_concurrency,
-                    gc_grace=settings.gc_grace, profiles=settings.profiles,
+                    gc_grace=settings.gc_grace, gc_settle=settings.gc_settle,
+                    profiles=settings.profiles,
                     writeback_cache=settings.writeback_cache,
                     checkpoint_formats=settings.checkpoint_formats,
                     lease_ttl=settings.lease_ttl)
@@ -321,10 +324,16 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
                     print(f"{verb} staged tree {tree}")
                 for name in reply["local_abandoned"]:
                     print(f"{verb} abandoned staging file {name}")
-                print(f"ckptfs: gc {verb} {len(reply['staged_trees'])} staged tree(s), "
+                for key in reply.get("bad_entries", []):
+                    print(f"ckptfs: gc: cannot parse entry {key}", file=sys.stderr)
+                print(f"ckptfs: gc pass {reply.get('generation', 0)} {verb} "
+                      f"{len(reply['staged_trees'])} staged tree(s), "
                       f"{reply['entries_deleted']} entries, {reply['chunks_deleted']} chunk(s) "
                       f"({reply['chunk_bytes_deleted'] / 2**20:.1f} MiB); kept "
-                      f"{reply['chunks_kept']} chunk(s)")
+                      f"{reply['chunks_kept']} chunk(s); condemned "
+                      f"{reply.get('chunks_condemned', 0)} for the next pass")
+                if reply.get("stopped"):
+                    return fail(f"gc stopped: {reply['stopped']}")
                 return 0
     except ConnectionError as exc:
         return fail(str(exc))

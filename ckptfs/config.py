@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .remote import MAX_CHUNK_SIZE
 from .profiles import DEFAULT_PROFILES, Profile, Profiles
 
 DEFAULT_CONFIG_FILE = Path("/etc/ckptfs/ckptfs.toml")
@@ -30,6 +31,13 @@ def parse_size(value) -> int:
         raise ConfigError(f"not a size: {value!r}") from None
     if size <= 0:
         raise ConfigError(f"size must be positive: {value!r}")
+    return size
+
+
+def parse_chunk_size(value) -> int:
+    size = parse_size(value)
+    if size > MAX_CHUNK_SIZE:
+        raise ConfigError(f"chunk size must be at most {MAX_CHUNK_SIZE >> 20} MiB: {value!r}")
     return size
 
 
@@ -84,12 +92,13 @@ _KEYS = {
     "state_dir": str,
     "durability": parse_durability,
     "single_writer": parse_bool,
-    "chunk_size": parse_size,
+    "chunk_size": parse_chunk_size,
     "cache_size": parse_size,
     "metadata_ttl": parse_seconds,
     "upload_concurrency": parse_positive_int,
     "fetch_concurrency": parse_positive_int,
     "gc_grace": parse_seconds,
+    "gc_settle": parse_seconds,
     "writeback_cache": parse_bool,
     "checkpoint_formats": parse_checkpoint_formats,
     "lease_ttl": _number(float, "a number of seconds", zero_ok=False),
@@ -109,6 +118,9 @@ class Settings:
     upload_concurrency: int = 8
     fetch_concurrency: int = 8
     gc_grace: float = 24 * 3600.0
+    # How long gc waits after announcing a pass before it relies on writers having seen
+    # it (decision 0003).  Recorded in a new store's ckptfs.json; the store's value wins.
+    gc_settle: float = 600.0
     writeback_cache: bool = False
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     lease_ttl: float = 30.0

@@ -5,6 +5,7 @@ uploads, unmount, close LMDB).  Knows nothing of FUSE request details.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ import trio
 from .errors import FsError
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
+from .liveness import DEFAULT_SETTLE
 from .namespace import Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
@@ -84,7 +86,8 @@ def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
     return RetryingStore(CountingStore(raw, stats), stats=stats)
 
 
-def probe_store(store: ObjectStore, single_writer: bool) -> None:
+def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,
+                gc_settle: float = DEFAULT_SETTLE) -> "StoreFormat":
     """Fail fast, with one line, if the store cannot be used (DESIGN.md promise 8)."""
     try:
         store.check()
@@ -99,18 +102,40 @@ def probe_store(store: ObjectStore, single_writer: bool) -> None:
             raise MountError("store does not honour conditional writes (If-None-Match: *, "
                              "If-Match on PUT and DELETE); mount with --single-writer if "
                              "only one node writes")
-        marker = json.dumps({"format": FORMAT_VERSION}).encode()
-        if not store.put_if_absent(FORMAT_KEY, marker):
-            body, _ = store.get(FORMAT_KEY)
-            try:
-                version = json.loads(body).get("format")
-            except (ValueError, AttributeError):
-                version = None
-            if version != FORMAT_VERSION:
-                raise MountError(f"store holds ckptfs format {version!r}, this is "
-                                 f"{FORMAT_VERSION}")
+        return read_format_marker(store, chunk_size, gc_settle)
     except StoreError as exc:
         raise MountError(str(exc)) from None
+
+
+@dataclass
+class StoreFormat:
+    """What ``ckptfs.json`` says about the store (decision 0003)."""
+
+    chunk_size: int | None      # the size the store was created with (None: not recorded)
+    gc_settle: float
+
+
+def read_format_marker(store: ObjectStore, chunk_size: int, gc_settle: float) -> StoreFormat:
+    """Create the format marker (a new store records this node's chunk size and gc
+    settle time), or read and check the existing one."""
+    marker = {"format": FORMAT_VERSION, "chunk_size": chunk_size, "gc_settle": gc_settle}
+    if store.put_if_absent(FORMAT_KEY, json.dumps(marker).encode()):
+        return StoreFormat(chunk_size, gc_settle)
+    body, _ = store.get(FORMAT_KEY)
+    try:
+        doc = json.loads(body)
+        version = doc.get("format")
+    except (ValueError, AttributeError):
+        doc, version = {}, None
+    if version != FORMAT_VERSION:
+        raise MountError(f"store holds ckptfs format {version!r}, this is {FORMAT_VERSION}")
+    recorded = doc.get("chunk_size")
+    recorded = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) \
+        else None
+    settle = doc.get("gc_settle")
+    settle = float(settle) if isinstance(settle, (int, float)) and settle >= 0 \
+        else DEFAULT_SETTLE
+    return StoreFormat(recorded, settle)
 
 
 def _honours_if_match(store: ObjectStore, key: str) -> bool:
@@ -192,7 +217,14 @@ class Daemon:
         check_mountpoint(opts.mountpoint)
         prepare_state_dir(opts.state_dir)
         store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap)
-        await trio.to_thread.run_sync(probe_store, store, opts.single_writer)
+        fmt = await trio.to_thread.run_sync(probe_store, store, opts.single_writer,
+                                            self.config.chunk_size, self.config.gc_settle)
+        if fmt.chunk_size is not None and fmt.chunk_size != self.config.chunk_size:
+            log.warning("the store was created with %d-byte chunks; this node writes %d-byte "
+                        "chunks (every node reads both)", fmt.chunk_size,
+                        self.config.chunk_size)
+        # gc and every writer must agree on the settle time: the store's value wins.
+        self.config = dataclasses.replace(self.config, gc_settle=fmt.gc_settle)
         try:
             ns = Namespace(opts.state_dir / "meta.lmdb")
         except Exception as exc:  # lmdb.Error and friends
@@ -394,22 +426,30 @@ class Daemon:
                     "pending": fs.leases.pending_of(inode.ino)})
 
     async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:
-        from .gc import collect
+        from .gc import GcConflict, collect
 
         messages: list[str] = []
-        report = await trio.to_thread.run_sync(
-            lambda: collect(fs.store, self.config.chunk_size, grace, dry_run,
-                            progress=messages.append))
+        try:
+            report = await trio.to_thread.run_sync(
+                lambda: collect(fs.store, grace, dry_run, self.config.gc_settle,
+                                progress=messages.append))
+        except (GcConflict, StoreError) as exc:
+            await send({"error": f"gc: {exc}"})
+            return
         # Local leftovers: staged bytes of killed writers, past the grace period.
         abandoned = await trio.to_thread.run_sync(
             sweep_abandoned, self.opts.state_dir / "abandoned", time.time() - grace, dry_run)
-        await send({"done": True, "ok": True, "dry_run": dry_run,
+        await send({"done": True, "ok": report.stopped is None, "dry_run": dry_run,
+                    "generation": report.generation,
                     "staged_trees": report.staged_trees,
                     "entries_deleted": report.entries_deleted,
                     "chunks_deleted": report.chunks_deleted,
                     "chunk_bytes_deleted": report.chunk_bytes_deleted,
                     "chunks_kept": report.chunks_kept,
                     "leases_deleted": report.leases_deleted,
+                    "chunks_condemned": report.chunks_condemned,
+                    "bad_entries": report.bad_entries,
+                    "stopped": report.stopped,
                     "local_abandoned": abandoned})
 
     async def _prefetch(self, fs: Filesystem, path: str, send) -> None:

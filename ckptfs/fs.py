@@ -26,6 +26,7 @@ from .leases import LeaseManager
 from .namespace import ROOT_INO, Inode, Namespace
 from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
+from .liveness import ChunkLiveness, GuardedStore
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
 from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, check_name, decode_name, dir_prefix,
                      entry_key)
@@ -49,6 +50,7 @@ class Config:
     readahead_chunks: int = 8          # window for a sequential reader
     profiles: Profiles = field(default_factory=Profiles)
     gc_grace: float = 24 * 3600.0
+    gc_settle: float = 600.0           # the store's (ckptfs.json), decision 0003
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
     writeback_cache: bool = False      # kernel write-back caching (experimental)
     rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
@@ -137,10 +139,13 @@ class Filesystem:
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
-        known = ns.known_chunks()
         self.last_write = 0.0
+        # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
+        self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
+        self.store = GuardedStore(store, self.liveness)
         self.uploader = ChunkUploader(
-            store, known, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
+            store, self.liveness, trio.CapacityLimiter(config.upload_concurrency),
+            ns.chunk_mark,
             slot=self._background_slot if config.durability == "async" else None)
         self._trickle = trio.CapacityLimiter(1)
         self.queue = PublishQueue(self._publish_from_queue)

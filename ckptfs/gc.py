@@ -1,24 +1,52 @@
-"""Garbage collection over the remote format: staged checkpoint trees older than the
-grace period (unless a node still renews a seal lease below them), seal leases not
-renewed within the grace period, then chunks no entry references (mark and sweep).  Works on the
-``ObjectStore`` alone (blocking; run it in a thread); knows nothing of inodes or FUSE.
-Nothing younger than the grace period is ever touched, so a writer still uploading
-chunks, or a checkpoint still being written, is safe.
+"""Garbage collection over the remote format (decision 0003): staged checkpoint trees
+older than the grace period, then chunks no entry references, in two phases so that
+writers that deduplicate against the store never lose a chunk.
+
+One pass (one ``collect`` call) with generation X:
+
+1. walks the tree from the root (iteratively, tolerating directory-id loops) and removes
+   staged trees older than the grace period (unless a node still renews a seal lease
+   below them), then seal leases not renewed within the grace period;
+2. if the previous pass condemned chunks (X's *candidates*), announces "marking" in
+   ``gc/state.json`` and waits ``settle`` seconds;
+3. marks: lists every entry under ``dirs/`` (reachable or not) and reads the new ones;
+   an entry it cannot parse stops the pass here: no chunk is deleted;
+4. if some candidates are unreferenced, announces "deleting", waits ``settle`` seconds,
+   lists the chunks and deletes those candidates that are still unreferenced and were not
+   PUT again since the marking announcement (store LastModified times), within a lease;
+5. condemns the unreferenced chunks older than the grace period for pass X+1, and
+   announces "idle".
+
+Works on the ``ObjectStore`` alone (blocking; run it in a thread); knows nothing of
+inodes or FUSE.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .leases import LEASE_ROOT, lease_prefix
+from .liveness import (DELETING, GC_CANDIDATES_PREFIX, GC_CLOCK_KEY, GC_STATE_KEY, IDLE,
+                       MARKING, GcState, candidates_key, read_candidates)
 from .remote import ROOT_DIR_ID, BadEntry, Entry, decode_name, dir_prefix
-from .store import NotFound, ObjectStore
+from .store import NotFound, ObjectStore, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
+
+HISTORY = 32                # passes whose candidate sets writers can still look up
+MARK_DEADLINE = 6 * 3600.0  # a pass that marks for longer deletes nothing
+CLOCK_SKEW = 1.0            # seconds: LastModified is whole seconds on S3
+
+
+class GcConflict(Exception):
+    """Another gc pass is running (or won the race to start)."""
 
 
 @dataclass
@@ -28,85 +56,312 @@ class GcReport:
     chunks_deleted: int = 0
     chunk_bytes_deleted: int = 0
     chunks_kept: int = 0
-    bad_entries: int = 0
+    chunks_condemned: int = 0
     leases_deleted: int = 0
+    bad_entries: list[str] = field(default_factory=list)    # keys gc could not parse
+    generation: int = 0
+    stopped: str | None = None     # why no chunk was deleted, when a pass had to stop
+    waited: float = 0.0            # seconds spent letting writers see announcements
 
 
-def collect(store: ObjectStore, chunk_size: int, grace: float, dry_run: bool,
-            progress: Callable[[str], None] = lambda msg: None,
-            workers: int = 16) -> GcReport:
-    report = GcReport()
-    cutoff_ns = int((time.time() - grace) * 1e9)
-    cutoff = time.time() - grace
-    referenced: set[str] = set()
-    pool = ThreadPoolExecutor(workers)
+@dataclass
+class _Run:
+    store: ObjectStore
+    report: GcReport
+    pool: ThreadPoolExecutor
+    bodies: dict[str, tuple[str, Entry | None]] = field(default_factory=dict)  # key -> (etag, entry)
 
-    def fetch(key: str) -> tuple[str, Entry | None]:
+    def fetch(self, key: str) -> tuple[str, Entry | None]:
+        """Read and parse one entry; a bad one is recorded (by key) and is None."""
         try:
-            body, _ = store.get(key)
-            return key, Entry.from_json(body, chunk_size)
+            body, etag = self.store.get(key)
         except NotFound:
             return key, None
+        try:
+            entry = Entry.from_json(body)
         except BadEntry as exc:
-            log.error("gc: bad entry %s: %s", key, exc)
-            report.bad_entries += 1
-            return key, None
+            if key not in self.report.bad_entries:
+                log.error("gc: cannot parse entry %s (%s): no chunk will be deleted in this "
+                          "pass", key, exc)
+                self.report.bad_entries.append(key)
+            entry = None
+        self.bodies[key] = (etag, entry)
+        return key, entry
 
-    def delete_tree(dir_id: str) -> None:
-        keys = [o.key for o in store.list(dir_prefix(dir_id))]
-        for key in keys:
-            _, entry = fetch(key)
-            if entry is not None and entry.type == "dir" and entry.id:
-                delete_tree(entry.id)
-            if not dry_run:
-                store.delete(key)
-            report.entries_deleted += 1
 
-    # Mark: walk every reachable directory.
-    queue = [(ROOT_DIR_ID, "")]
+def store_now(store: ObjectStore) -> float:
+    """The store's clock: the LastModified of an object written just now."""
+    store.put(GC_CLOCK_KEY, b"")
+    for obj in store.list(GC_CLOCK_KEY):
+        if obj.key == GC_CLOCK_KEY:
+            return obj.mtime
+    raise StoreError(f"{GC_CLOCK_KEY} vanished right after it was written")
+
+
+def _read_state(store: ObjectStore) -> tuple[GcState, str | None]:
+    try:
+        body, etag = store.get(GC_STATE_KEY)
+    except NotFound:
+        return GcState(settle=0.0), None
+    return GcState.from_json(body), etag
+
+
+def _write_state(store: ObjectStore, state: GcState, etag: str | None,
+                 clock: Callable[[], float] = time.monotonic) -> tuple[str, float, float]:
+    """Compare and swap ``gc/state.json``; returns its new ETag, its LastModified, and
+    ``clock()`` right after the PUT returned (a lease starts no later than that)."""
+    body = state.to_json()
+    try:
+        if etag is None:
+            if not store.put_if_absent(GC_STATE_KEY, body):
+                raise GcConflict("another gc pass created the gc state first")
+        else:
+            store.put(GC_STATE_KEY, body, if_match=etag)
+    except PreconditionFailed:
+        # A retried PUT whose first attempt landed also fails its condition: ours?
+        try:
+            current, _ = store.get(GC_STATE_KEY)
+        except NotFound:
+            current = b""
+        if current != body:
+            raise GcConflict("another gc pass changed the gc state") from None
+    written_at = clock()
+    for obj in store.list(GC_STATE_KEY):
+        if obj.key == GC_STATE_KEY:
+            written, new_etag = store.get(GC_STATE_KEY)
+            if written != body:
+                raise GcConflict("another gc pass changed the gc state")
+            return new_etag, obj.mtime, written_at
+    raise GcConflict("the gc state vanished")
+
+
+def _walk_staged(run: _Run, cutoff: float,
+                 progress: Callable[[str], None]) -> list[tuple[str, str, str]]:
+    """Breadth-first from the root, without recursion; a directory id met twice (a loop
+    or a shared id in a corrupt store) is walked once.  Returns (entry key, dir id, path)
+    of staged trees older than the cutoff that no node renews a seal lease below; it does
+    not descend into them."""
+    cutoff_ns = int(cutoff * 1e9)
+    queue = deque([(ROOT_DIR_ID, "")])
     seen = {ROOT_DIR_ID}
+    old_staged: list[tuple[str, str, str]] = []
     while queue:
-        dir_id, path = queue.pop()
-        keys = [o.key for o in store.list(dir_prefix(dir_id))
-                if "/" not in o.key[len(dir_prefix(dir_id)):]]
-        for key, entry in pool.map(fetch, keys):
+        dir_id, path = queue.popleft()
+        prefix = dir_prefix(dir_id)
+        keys = [o.key for o in run.store.list(prefix) if "/" not in o.key[len(prefix):]]
+        for key, entry in run.pool.map(run.fetch, keys):
             if entry is None:
                 continue
             try:
-                name = decode_name(key[len(dir_prefix(dir_id)):]).decode(errors="replace")
+                name = decode_name(key[len(prefix):]).decode(errors="replace")
             except BadEntry:
-                continue
+                name = key[len(prefix):]
             child_path = f"{path}/{name}"
             if entry.type == "dir" and entry.staged and entry.mtime_ns < cutoff_ns \
-                    and not any(o.mtime > cutoff for o in store.list(lease_prefix(entry.id))):
+                    and not any(o.mtime > cutoff
+                                for o in run.store.list(lease_prefix(entry.id or ""))):
                 progress(f"staged tree {child_path}")
-                report.staged_trees.append(child_path)
-                delete_tree(entry.id)
-                if not dry_run:
-                    store.delete(key)
-                report.entries_deleted += 1
+                old_staged.append((key, entry.id or "", child_path))
                 continue
             if entry.type == "dir" and entry.id and entry.id not in seen:
                 seen.add(entry.id)
                 queue.append((entry.id, child_path))
-            for sha, _ in entry.chunks:
-                referenced.add(sha)
+    run.live_dirs = seen  # type: ignore[attr-defined]
+    return old_staged
+
+
+def _delete_tree(run: _Run, top_key: str, top_id: str, live: set[str], dry_run: bool) -> None:
+    """Delete a staged tree's entries, iteratively; directory ids that are also reachable
+    outside it (corrupt store) or already visited are left alone."""
+    stack = [top_id] if top_id and top_id not in live else []
+    visited = set(stack)
+    while stack:
+        dir_id = stack.pop()
+        for obj in list(run.store.list(dir_prefix(dir_id))):
+            key = obj.key
+            _, entry = run.bodies.get(key) or run.fetch(key)
+            if entry is not None and entry.type == "dir" and entry.id and \
+                    entry.id not in visited and entry.id not in live:
+                visited.add(entry.id)
+                stack.append(entry.id)
+            if not dry_run:
+                run.store.delete(key)
+            run.report.entries_deleted += 1
+    if not dry_run:
+        run.store.delete(top_key)
+    run.report.entries_deleted += 1
+
+
+def _mark(run: _Run) -> set[str]:
+    """Every chunk referenced by any entry in the store, reachable or not: a flat listing
+    sees an entry that exists all through it even if directories move meanwhile."""
+    referenced: set[str] = set()
+    listed = list(run.store.list("dirs/"))
+    stale = [o.key for o in listed if run.bodies.get(o.key, ("",))[0] != o.etag or not o.etag]
+    for _ in run.pool.map(run.fetch, stale):
+        pass
+    for obj in listed:
+        _, entry = run.bodies.get(obj.key, ("", None))
+        if entry is not None:
+            referenced.update(sha for sha, _ in entry.chunks)
+    return referenced
+
+
+def collect(store: ObjectStore, grace: float, dry_run: bool, settle: float,
+            progress: Callable[[str], None] = lambda msg: None, workers: int = 16,
+            wait: Callable[[str, float], None] | None = None,
+            clock: Callable[[], float] = time.monotonic) -> GcReport:
+    """One gc pass.  ``wait(phase, seconds)`` lets writers see an announcement (tests
+    pass their own to interleave writers at exact points)."""
+    report = GcReport()
+    if wait is None:
+        wait = lambda phase, seconds: time.sleep(seconds)  # noqa: E731
+    with ThreadPoolExecutor(workers) as pool:
+        run = _Run(store, report, pool)
+        _collect(run, grace, dry_run, settle, progress, wait, clock)
+    return report
+
+
+def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
+             progress: Callable[[str], None], wait: Callable[[str, float], None],
+             clock: Callable[[], float]) -> None:
+    store, report = run.store, run.report
+    now = time.time() if dry_run else store_now(store)
+    cutoff = now - grace
+    state, etag = _read_state(store)
+    settle = max(settle, state.settle)
+    if state.running and not dry_run:
+        age = now - _state_mtime(store)
+        if age <= state.lease + state.settle:
+            raise GcConflict(f"gc pass {state.generation} is {state.phase} (since "
+                             f"{age:.0f}s); try again later")
+        log.warning("gc pass %d was %s and outlived its lease: taking over",
+                    state.generation, state.phase)
+    generation = state.generation + 1
+    report.generation = generation
+    owner = uuid.uuid4().hex
+    candidates_set_key = state.candidates if state.running else state.next
+    candidates = read_candidates(store, candidates_set_key) if candidates_set_key else \
+        frozenset()
+    history = [*state.history, (generation, candidates_set_key)][-HISTORY:]
+
+    # 1. Staged trees.
+    old_staged = _walk_staged(run, cutoff, progress)
+    live = run.live_dirs  # type: ignore[attr-defined]
+    for key, dir_id, path in old_staged:
+        report.staged_trees.append(path)
+        _delete_tree(run, key, dir_id, live, dry_run)
     # Leases nobody renewed within the grace period: their node died, or their tree was
     # just reclaimed above (a live writer renews every lease_ttl / 3).
-    for obj in store.list(LEASE_ROOT):
+    for obj in list(store.list(LEASE_ROOT)):
         if obj.mtime <= cutoff:
             if not dry_run:
                 store.delete(obj.key)
             report.leases_deleted += 1
-    # Sweep: chunks nobody references, older than the grace period.
-    for obj in store.list("chunks/"):
+
+    # 2. Announce the pass to writers (only if it may delete something).
+    marking_at = clock()
+    announced_at = 0.0   # LastModified of the marking announcement
+    if candidates and not dry_run:
+        etag, announced_at, marking_at = _write_state(store, GcState(
+            generation=generation, phase=MARKING, candidates=candidates_set_key,
+            history=state.history, settle=settle, owner=owner, lease=MARK_DEADLINE + 3 * settle), etag,
+            clock)
+        progress(f"pass {generation}: marking, {len(candidates)} candidate chunk(s)")
+        wait(MARKING, settle)
+        report.waited += settle
+
+    # 3. Mark.
+    referenced = _mark(run)
+    listed_chunks = None
+    deleted: set[str] = set()
+
+    def finish(next_key: str | None) -> None:
+        if dry_run:
+            return
+        _write_state(store, GcState(generation=generation, phase=IDLE, next=next_key,
+                                    history=history, settle=settle, owner=owner), etag,
+                     clock)
+        _prune_sets(store, history, next_key)
+
+    if report.bad_entries:
+        report.stopped = (f"{len(report.bad_entries)} entr{'y' if len(report.bad_entries) == 1 else 'ies'}"
+                          f" could not be parsed (first: {report.bad_entries[0]}); "
+                          "no chunk deleted")
+        log.error("gc: %s", report.stopped)
+        finish(candidates_set_key)   # condemned stay condemned; nothing new condemned
+        return
+    doomed = {c for c in candidates if c not in referenced}
+
+    # 4. Delete.
+    if doomed and not dry_run:
+        if clock() - marking_at > MARK_DEADLINE:
+            report.stopped = "marking took longer than its deadline; no chunk deleted"
+            log.error("gc: %s", report.stopped)
+            finish(candidates_set_key)
+            return
+        etag, _, deleting_at = _write_state(store, GcState(
+            generation=generation, phase=DELETING, candidates=candidates_set_key,
+            history=state.history, settle=settle, owner=owner, lease=2 * settle), etag, clock)
+        progress(f"pass {generation}: deleting up to {len(doomed)} chunk(s)")
+        wait(DELETING, settle)
+        report.waited += settle
+        listed_chunks = list(store.list("chunks/"))
+        # Still unreferenced (doomed), not PUT again since the marking announcement, and
+        # old enough; deleted only inside the lease announced with "deleting".
+        victims = [o for o in listed_chunks if o.key.rsplit("/", 1)[-1] in doomed
+                   and o.mtime < announced_at - CLOCK_SKEW and o.mtime <= cutoff]
+
+        def delete(obj):
+            if clock() - deleting_at >= 2 * settle:
+                return None
+            store.delete(obj.key)
+            return obj
+
+        for obj in run.pool.map(delete, victims):
+            if obj is not None:
+                deleted.add(obj.key.rsplit("/", 1)[-1])
+                report.chunks_deleted += 1
+                report.chunk_bytes_deleted += obj.size
+        if len(deleted) < len(victims):
+            log.warning("gc: delete window over; %d chunk(s) left for the next pass",
+                        len(victims) - len(deleted))
+    if listed_chunks is None:
+        listed_chunks = list(store.list("chunks/"))
+
+    # 5. Condemn for the next pass.
+    condemned = []
+    for obj in listed_chunks:
         sha = obj.key.rsplit("/", 1)[-1]
+        if sha in deleted:
+            continue
         if sha in referenced or obj.mtime > cutoff:
             report.chunks_kept += 1
             continue
-        if not dry_run:
+        if dry_run and sha in candidates:
+            report.chunks_deleted += 1          # would be deleted by this pass
+            report.chunk_bytes_deleted += obj.size
+            continue
+        condemned.append(sha)
+    report.chunks_condemned = len(condemned)
+    next_key = None
+    if condemned and not dry_run:
+        next_key = candidates_key(generation + 1)
+        store.put(next_key, json.dumps({"generation": generation + 1,
+                                        "chunks": sorted(condemned)}).encode())
+    finish(next_key)
+
+
+def _state_mtime(store: ObjectStore) -> float:
+    for obj in store.list(GC_STATE_KEY):
+        if obj.key == GC_STATE_KEY:
+            return obj.mtime
+    return 0.0
+
+
+def _prune_sets(store: ObjectStore, history: list[tuple[int, str | None]],
+                next_key: str | None) -> None:
+    keep = {k for _, k in history if k} | ({next_key} if next_key else set())
+    for obj in list(store.list(GC_CANDIDATES_PREFIX)):
+        if obj.key not in keep:
             store.delete(obj.key)
-        report.chunks_deleted += 1
-        report.chunk_bytes_deleted += obj.size
-    pool.shutdown()
-    return report

@@ -275,17 +275,21 @@ class Namespace:
 
     # ------------------------------------------------------------------ chunks known to be in the store
 
-    def chunk_known(self, sha: str) -> bool:
-        with self.env.begin() as txn:
-            return txn.get(sha.encode(), db=self.db_chunks) is not None
+    # The value is the first gc pass that could delete the chunk unnoticed, as
+    # ``ChunkLiveness`` remembers it (decision 0003), in JSON; "1" (written before gc
+    # generations existed) reads as unknown.
 
-    def known_chunks(self) -> set[str]:
+    def known_chunks(self) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
         with self.env.begin() as txn:
-            return {bytes(k).decode() for k, _ in txn.cursor(db=self.db_chunks)}
+            for key, value in txn.cursor(db=self.db_chunks):
+                out[bytes(key).decode()] = _chunk_generation(bytes(value))
+        return out
 
-    def chunk_mark(self, sha: str) -> None:
+    def chunk_mark(self, sha: str, generation: int) -> None:
         with self.env.begin(write=True) as txn:
-            txn.put(sha.encode(), b"1", db=self.db_chunks)
+            txn.put(sha.encode(), json.dumps({"gen": generation, "at": int(time.time())}).encode(),
+                    db=self.db_chunks)
 
     # ------------------------------------------------------------------ store identity
 
@@ -297,3 +301,11 @@ class Namespace:
     def meta_put(self, key: str, value: str) -> None:
         with self.env.begin(write=True) as txn:
             txn.put(key.encode(), value.encode(), db=self.db_meta)
+
+
+def _chunk_generation(raw: bytes) -> int | None:
+    try:
+        value = json.loads(raw)
+        return int(value["gen"]) if isinstance(value, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from .liveness import ChunkLiveness
 from .remote import chunk_key
 from .store import ObjectStore
 
@@ -37,26 +38,30 @@ class UploadStats:
 
 
 class ChunkUploader:
-    """Read, hash and upload chunks of staging files."""
+    """Read, hash and upload chunks of staging files.  Whether a chunk the store already
+    has may be skipped is ``ChunkLiveness``'s call (decision 0003): a chunk verified
+    since the last gc pass that could have collected it costs no request; one gc may
+    collect costs a HEAD (and a PUT if it is gone); a candidate of a pass in its marking
+    phase is PUT again."""
 
-    def __init__(self, store: ObjectStore, known: set[str], limiter: trio.CapacityLimiter,
-                 on_known: Callable[[str], None],
+    def __init__(self, store: ObjectStore, liveness: ChunkLiveness,
+                 limiter: trio.CapacityLimiter,
+                 on_known: Callable[[str, int], None],
                  slot: Callable[[], AbstractAsyncContextManager] | None = None) -> None:
         self.store = store
         self.slot = slot              # held around each upload (async mode yields)
-        self.known = known            # chunk hashes known to be in the store
+        self.liveness = liveness
         self.limiter = limiter
-        self.on_known = on_known      # persists a newly known hash (trio thread)
+        self.on_known = on_known      # persists (hash, memory generation) (trio thread)
         self.stats = UploadStats()
 
     async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
         async with self.slot() if self.slot is not None else nullcontext():
             async with self.limiter:
-                sha, uploaded = await trio.to_thread.run_sync(self._upload_sync, path, offset,
-                                                              length)
-        if sha not in self.known:
-            self.known.add(sha)
-            self.on_known(sha)
+                sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
+                    self._upload_sync, path, offset, length)
+        if not remembered:
+            self.on_known(sha, self.liveness.memory.get(sha) or generation + 1)
         if uploaded:
             self.stats.chunks_uploaded += 1
             self.stats.bytes_uploaded += length
@@ -65,7 +70,7 @@ class ChunkUploader:
             self.stats.bytes_deduplicated += length
         return sha, length
 
-    def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool]:
+    def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
         # Opened here, not shared: a handle's descriptor may be closed (and its number
         # reused) while a background publish is still reading.
         fd = os.open(path, os.O_RDONLY)
@@ -76,13 +81,16 @@ class ChunkUploader:
         if len(data) != length:
             raise OSError(5, f"staging file shorter than expected at {offset}")
         sha = hashlib.sha256(data).hexdigest()
-        if sha in self.known:
-            return sha, False
+        action, generation = self.liveness.plan_upload(sha)
+        if action == "skip":
+            return sha, False, generation, True
         key = chunk_key(sha)
-        if self.store.exists(key):
-            return sha, False
+        if action == "head" and self.store.exists(key):
+            self.liveness.uploaded(sha, generation, action)
+            return sha, False, generation, False
         self.store.put(key, data, sha256=sha)
-        return sha, True
+        self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
+        return sha, True, generation, False
 
 
 @dataclass

@@ -123,7 +123,10 @@ class Entry:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, max_chunk: int) -> "Entry":
+    def from_json(cls, data: bytes, max_chunk: int = MAX_CHUNK_SIZE) -> "Entry":
+        """Parse and validate an entry; unknown fields are ignored (newer writers may
+        add some).  Chunks up to ``max_chunk`` bytes are accepted: by default the
+        format's maximum, never this node's own chunk size."""
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:

@@ -95,9 +95,14 @@ class LocalStore:
     ``put_if_absent`` uses ``link(2)``, which fails if the target exists.  Conditional
     writes and deletes (``if_match``) compare and swap under an exclusive ``flock`` on
     ``.ckptfs-lock`` in the root, which every daemon on the machine takes for entry
-    writes (chunk bodies are immutable and skip it)."""
+    writes (chunk bodies are immutable and skip it).  Temp files live in ``.ckptfs-tmp/``
+    at the root (same filesystem, so rename and link stay atomic); no key maps there or
+    to the lock file, so every legal entry name is a possible key and listings never
+    show the store's own files."""
 
     LOCK_NAME = ".ckptfs-lock"
+    TMP_DIR = ".ckptfs-tmp"
+    _RESERVED = (LOCK_NAME, TMP_DIR)
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -122,7 +127,8 @@ class LocalStore:
             return None
 
     def _path(self, key: str) -> Path:
-        if key.startswith("/") or ".." in key.split("/"):
+        parts = key.split("/")
+        if key.startswith("/") or ".." in parts or parts[0] in self._RESERVED:
             raise StoreError(f"invalid key {key!r}")
         return self.root / key
 
@@ -134,7 +140,9 @@ class LocalStore:
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        tmp_dir = self.root / self.TMP_DIR
+        tmp_dir.mkdir(exist_ok=True)
+        tmp = tmp_dir / uuid.uuid4().hex
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -193,9 +201,11 @@ class LocalStore:
             return
         results: list[ListedObject] = []
         for dirpath, dirnames, filenames in os.walk(start):
+            if dirpath == str(self.root):
+                # The store's own files live at the root, where no key can point.
+                dirnames[:] = [d for d in dirnames if d not in self._RESERVED]
+                filenames = [n for n in filenames if n not in self._RESERVED]
             for name in filenames:
-                if name.startswith(".tmp-") or name == self.LOCK_NAME:
-                    continue
                 full = Path(dirpath) / name
                 key = str(full.relative_to(self.root))
                 if key.startswith(prefix):

@@ -170,7 +170,7 @@ def test_async_seal_waits_for_pending_uploads(store, make_mount, tmp_path):
 
 
 def test_gc_removes_old_staged_trees_and_unreferenced_chunks(local_store, make_mount):
-    mnt = make_mount(local_store)
+    mnt = make_mount(local_store, extra=("--gc-settle", "0.3"))
     (mnt.path / "checkpoint-1").mkdir()
     (mnt.path / "checkpoint-1" / "w").write_bytes(os.urandom(MiB))
     (mnt.path / "checkpoint-1" / "trainer_state.json").write_text("{}")
@@ -186,6 +186,11 @@ def test_gc_removes_old_staged_trees_and_unreferenced_chunks(local_store, make_m
     proc = run_ckptfs("gc", str(mnt.path), "--grace", "0")
     assert proc.returncode == 0, proc.stderr
     assert "removed staged tree /checkpoint-2" in proc.stdout
+    # Its chunk is condemned by this pass and deleted by the next (decision 0003).
+    assert len(list((local_store.root / "chunks").glob("*/*"))) == chunks_before
+    time.sleep(1.2)
+    proc = run_ckptfs("gc", str(mnt.path), "--grace", "0")
+    assert proc.returncode == 0, proc.stderr
     assert len(list((local_store.root / "chunks").glob("*/*"))) == chunks_before - 1
     fresh = make_mount(local_store, name="fresh")
     assert os.listdir(fresh.path) == ["checkpoint-1"]

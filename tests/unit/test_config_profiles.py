@@ -18,7 +18,8 @@ def test_precedence_file_env_flags(tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("bogus = 1", "unknown key"), ('durability = "fast"', "durability"),
     ('chunk_size = "lots"', "not a size"), ("[[profiles]]\nmarks = []", "pattern"),
-    ("store = ", "config file"),
+    ("store = ", "config file"), ('chunk_size = "65M"', "at most 64 MiB"),
+    ('gc_settle = -1', "non-negative"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, text, message):
     f = tmp_path / "c.toml"

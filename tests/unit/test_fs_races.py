@@ -73,7 +73,7 @@ def run(tmp_path: Path, body, **cfg) -> None:
 
 def stored(fs: Filesystem, parent_dir_id: str, name: bytes) -> bytes:
     body, _ = fs.store.inner.get(entry_key(parent_dir_id, name))
-    entry = Entry.from_json(body, fs.config.chunk_size)
+    entry = Entry.from_json(body)
     return b"".join(fs.store.inner.get(chunk_key(sha))[0] for sha, _ in entry.chunks)
 
 

@@ -55,3 +55,18 @@ def test_bad_entries_refused(body):
 def test_mode_keeps_permission_bits_only():
     e = Entry.from_json(entry(mode=0o170777), max_chunk=8 << 20)
     assert e.mode == 0o7777 & 0o170777
+
+
+def test_entries_with_any_allowed_chunk_size_parse_whatever_this_node_writes():
+    """A node with --chunk-size 16M (or 64M) writes entries every node must read."""
+    from ckptfs.remote import MAX_CHUNK_SIZE
+    for n in (16 << 20, MAX_CHUNK_SIZE):
+        e = Entry.from_json(entry(chunks=[[SHA, n], [SHA, 5]], size=n + 5))
+        assert e.chunks == [(SHA, n), (SHA, 5)]
+    with pytest.raises(BadEntry):
+        Entry.from_json(entry(chunks=[[SHA, MAX_CHUNK_SIZE + 1]], size=MAX_CHUNK_SIZE + 1))
+
+
+def test_unknown_entry_fields_are_ignored():
+    e = Entry.from_json(entry(rev="0f" * 8, future={"x": 1}))
+    assert e.size == 10
