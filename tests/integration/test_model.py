@@ -1,0 +1,682 @@
+"""Issue 8 §6: a model-based randomized test of the central promise.
+
+Two mounts (A = 0, B = 1: separate daemons, own state dirs) over ONE store run random
+sequences of saves, overwrites, truncates, renames of files and directories, unlinks,
+mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held open across
+steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh node replacing
+one, gc, and pairs of operations racing on the two nodes.  After every step what each
+mount shows (listing + content of every file) must be a state the model allows:
+
+- safety, at every observation: every file's content is exactly ONE closed version
+  (never a mix, never the torn bytes of a killed or still-open writer) -- except on the
+  node of a writer that still holds the file open, which shows exactly what it wrote;
+- convergence (sync durability: within the metadata TTL; async: after ``ckptfs wait``):
+  every node shows the model's tree -- no closed version that was not later
+  overwritten/renamed/unlinked is lost, names follow renames and unlinks;
+- the node that made a step shows it at once (POSIX on one node);
+- after racing operations, every node converges to the result of one of their two
+  serial orders.
+
+Knobs (environment): CKPTFS_MODEL_EXAMPLES (per durability, default 3),
+CKPTFS_MODEL_STEPS (per example, default 12), CKPTFS_MODEL_SEED (default: derandomized,
+so CI is reproducible), CKPTFS_MODEL_STORES (local,s3; default local),
+CKPTFS_MODEL_DURABILITY (sync,async), CKPTFS_MODEL_TTL (metadata TTL, default 0.25 s),
+CKPTFS_MODEL_SHRINK (0 to skip shrinking), CKPTFS_MODEL_REPORT (a JSON file to which the
+run's counts are appended; tools/soak.sh uses it).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
+                                 run_state_machine_as_test)
+
+from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
+from model_support import (DIR, PIECE, BgWriter, Model, Observation, describe, digest,
+                           observe, parent_of, version_bytes)
+
+# Taken out of the environment: the daemons this test starts inherit it, and ckptfs
+# refuses unknown CKPTFS_* settings.
+_KNOBS = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("CKPTFS_MODEL_")}
+EXAMPLES = int(_KNOBS.get("CKPTFS_MODEL_EXAMPLES", "3"))
+STEPS = int(_KNOBS.get("CKPTFS_MODEL_STEPS", "12"))
+SEED = _KNOBS.get("CKPTFS_MODEL_SEED")
+STORES = _KNOBS.get("CKPTFS_MODEL_STORES", "local").split(",")
+DURABILITIES = _KNOBS.get("CKPTFS_MODEL_DURABILITY", "sync,async").split(",")
+TTL = float(_KNOBS.get("CKPTFS_MODEL_TTL", "0.25"))
+SHRINK = _KNOBS.get("CKPTFS_MODEL_SHRINK", "1") != "0"
+REPORT = _KNOBS.get("CKPTFS_MODEL_REPORT")
+KEEP = _KNOBS.get("CKPTFS_MODEL_KEEP") == "1"
+
+CHUNK = "64K"                      # small chunks: multi-chunk files stay small
+SIZES = [0, 100, PIECE, 40_000, 70_000, 140_000]
+TRUNCATE_SIZES = [0, 10, 5_000, 65_536, 70_000, 150_000]
+FILE_NAMES = ["f0", "f1", "f2"]
+DIR_NAMES = ["d0", "d1"]
+# A mount must reach the model within this (kernel entry/attr cache + listing TTL, plus
+# a slow machine); a correctness deadline, not a timing assertion.
+CONVERGE = max(20.0, 40 * TTL)
+# Before a step counts as converged, every mount is observed again after both TTLs have
+# run out, so a torn version that appears late (a refresh after the step) is seen.
+SETTLE = 2 * TTL + 0.15
+# Async: chunk uploads are slowed so closed versions stay pending across steps.
+ASYNC_FAULTS = {"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", "delay": 0.15}]}
+
+
+@dataclass
+class Context:
+    """What one pytest test gives the machines it runs: a directory, a store kind."""
+
+    base: Path
+    kind: str
+    durability: str
+    seaweed: object | None
+    examples: int = 0
+    steps: int = 0
+
+    def new_store(self, where: Path) -> StoreSpec:
+        if self.kind == "local":
+            root = where / "store"
+            root.mkdir()
+            return StoreSpec("local", f"file://{root}", root=root)
+        return StoreSpec("s3", f"s3://{BUCKET}/model-{uuid.uuid4().hex[:12]}",
+                         env=self.seaweed.env(), seaweed=self.seaweed)
+
+
+class ModelFailure(AssertionError):
+    pass
+
+
+class ModelMachine(RuleBasedStateMachine):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__()
+        self.ctx = ctx
+        ctx.examples += 1
+        self.dir = ctx.base / f"example-{ctx.examples}"
+        self.dir.mkdir()
+        self.store = ctx.new_store(self.dir)
+        self.model = Model()
+        self.closed: dict[str, str] = {}      # digest -> which version it is
+        self.closed_list: list[tuple[str, bytes]] = []
+        self.writers: dict[int, tuple[int, BgWriter]] = {}   # fid -> (mount, writer)
+        self.vid = 0
+        self.unsynced: set[int] = set()       # async: mounts with closes not yet waited for
+        self.history: list[str] = []
+        self.generation = [0, 0]
+        self.mounts: list[Mount] = []
+        for i in (0, 1):
+            self.mounts.append(self._new_mount(i))
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def sync(self) -> bool:
+        return self.ctx.durability == "sync"
+
+    def _new_mount(self, i: int) -> Mount:
+        self.generation[i] += 1
+        mount = Mount(self.dir, self.store, f"{'AB'[i]}{self.generation[i]}")
+        self._start(mount)
+        return mount
+
+    def _start(self, mount: Mount) -> None:
+        mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK,
+                    durability=self.ctx.durability,
+                    faults=None if self.sync else ASYNC_FAULTS)
+
+    def teardown(self) -> None:
+        for _, writer in self.writers.values():
+            writer.kill()
+        for mount in self.mounts:
+            if mount.pid:
+                mount.kill()
+            mount.cleanup()
+        if not KEEP:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def note(self, text: str) -> None:
+        self.ctx.steps += 1
+        self.history.append(text)
+
+    def fail(self, text: str) -> None:
+        steps = "\n".join(f"  {n + 1}. {s}" for n, s in enumerate(self.history))
+        raise ModelFailure(f"{text}\nsteps so far:\n{steps}\n(state dirs and logs under "
+                           f"{self.dir} when CKPTFS_MODEL_KEEP=1)")
+
+    def new_version(self, size: int) -> tuple[int, bytes]:
+        self.vid += 1
+        return self.vid, version_bytes(self.vid, size)
+
+    def closed_version(self, content: bytes, label: str) -> None:
+        d = digest(content)
+        if d not in self.closed:
+            self.closed[d] = label
+            self.closed_list.append((label, content))
+
+    def abs(self, m: int, path: str) -> Path:
+        return self.mounts[m].path / path
+
+    def before_step(self, m: int | None) -> None:
+        """Async: a node acts on what others closed only after it is durable (``ckptfs
+        wait``); a node's own unsynced steps stay pending (local-first)."""
+        if self.sync:
+            return
+        others = self.unsynced if m is None else self.unsynced - {m}
+        if others:
+            self.sync_all()
+
+    def sync_all(self, candidates: list[Model] | None = None) -> None:
+        for i, mount in enumerate(self.mounts):
+            proc = run_ckptfs("wait", str(mount.path), timeout=300)
+            if proc.returncode:
+                self.fail(f"`ckptfs wait` on mount {'AB'[i]} failed: {proc.stderr.strip()}")
+        self.unsynced.clear()
+        self.converge(None, candidates)
+
+    # ------------------------------------------------------------------ checking
+
+    def safety(self, i: int, obs: Observation, models: list[Model]) -> None:
+        partials = set().union(*(m.partials(i) for m in models))
+        for path, seen in sorted(obs.tree.items()):
+            if seen[0] != "file":
+                continue
+            data = seen[1]
+            if digest(data) in self.closed or data in partials:
+                continue
+            self.fail(f"SAFETY: mount {'AB'[i]} shows {path!r} as "
+                      f"{describe(data, self.closed)}: not a closed version")
+
+    def diff(self, i: int, obs: Observation, model: Model) -> str:
+        want = model.view(i)
+        lines = []
+        for path in sorted(set(want) | set(obs.tree)):
+            w, o = want.get(path), obs.tree.get(path)
+            if w == o:
+                continue
+            lines.append(f"    {path!r}: expected {self.show(w)}, shows {self.show(o)}")
+        if obs.unstable:
+            lines.append(f"    (walk unstable: {obs.unstable})")
+        return "\n".join(lines)
+
+    def show(self, seen: tuple | None) -> str:
+        if seen is None:
+            return "nothing"
+        if seen[0] == "file":
+            return describe(seen[1], self.closed)
+        return " ".join(str(s) for s in seen)
+
+    def check(self, acting: int | None) -> None:
+        """After a step: sync durability converges now; async checks safety everywhere
+        and the acting node exactly, and converges at the next sync."""
+        if acting is not None:
+            self.unsynced.add(acting)
+        if self.sync:
+            self.converge(acting)
+            return
+        for i, mount in enumerate(self.mounts):
+            obs = self.stable_observe(i)
+            self.safety(i, obs, [self.model])
+            if i == acting and obs.tree != self.model.view(i):
+                self.fail(f"mount {'AB'[i]} does not show its own step:\n"
+                          f"{self.diff(i, obs, self.model)}")
+
+    def stable_observe(self, i: int) -> Observation:
+        for _ in range(50):
+            obs = observe(self.mounts[i].path)
+            if not obs.unstable:
+                return obs
+            time.sleep(0.05)
+        return obs
+
+    def converge(self, acting: int | None, candidates: list[Model] | None = None) -> None:
+        models = candidates or [self.model]
+        start = time.monotonic()
+        settle_until, deadline = start + SETTLE, start + CONVERGE
+        first = True
+        while True:
+            seen = {}
+            for i in range(len(self.mounts)):
+                obs = self.stable_observe(i) if first and i == acting else \
+                    observe(self.mounts[i].path)
+                self.safety(i, obs, models)
+                seen[i] = obs
+                if first and i == acting and len(models) == 1 and \
+                        obs.tree != models[0].view(i):
+                    self.fail(f"mount {'AB'[i]} does not show its own step:\n"
+                              f"{self.diff(i, obs, models[0])}")
+            first = False
+            matching = [m for m in models
+                        if all(not o.unstable and o.tree == m.view(i) for i, o in seen.items())]
+            now = time.monotonic()
+            if matching and now >= settle_until:
+                self.model = matching[0]
+                return
+            if now > deadline:
+                text = []
+                for n, m in enumerate(models):
+                    text.append(f"  candidate {n + 1}:" if len(models) > 1 else "")
+                    for i, obs in seen.items():
+                        d = self.diff(i, obs, m)
+                        if d:
+                            text.append(f"   mount {'AB'[i]}:\n{d}")
+                self.fail(f"NO CONVERGENCE within {CONVERGE:.0f} s:\n" +
+                          "\n".join(t for t in text if t))
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------------ choosing names
+
+    def free_files(self, m: int) -> list[str]:
+        """Existing files nobody holds open (or held open on ``m`` itself)."""
+        return [p for p in self.model.file_paths() if self.model.busy(p) in (None,)]
+
+    def new_file_paths(self) -> list[str]:
+        out = []
+        for d in [""] + self.model.dirs():
+            for name in FILE_NAMES:
+                path = f"{d}/{name}" if d else name
+                if path not in self.model.tree:
+                    out.append(path)
+        return out
+
+    def new_dir_paths(self, exclude: str | None = None) -> list[str]:
+        out = []
+        for d in [""] + self.model.dirs():
+            if exclude is not None and (d == exclude or d.startswith(exclude + "/")):
+                continue
+            if d.count("/") >= 1:
+                continue
+            for name in DIR_NAMES:
+                path = f"{d}/{name}" if d else name
+                if path not in self.model.tree:
+                    out.append(path)
+        return out
+
+    def pick(self, data, options: list, label: str):
+        return data.draw(st.sampled_from(sorted(options)), label=label)
+
+    # ------------------------------------------------------------------ rules: saves
+
+    @rule(data=st.data(), m=st.integers(0, 1), size=st.sampled_from(SIZES),
+          how=st.sampled_from(["plain", "fsync", "subprocess"]))
+    def save(self, data, m, size, how):
+        """create or overwrite (O_TRUNC) + write + close a new version; with a fsync or a
+        subprocess in the middle of the save, every node is checked mid-save."""
+        self.before_step(m)
+        path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
+        vid, content = self.new_version(size)
+        self.write_file(m, path, content, f"v{vid}", how, data)
+
+    @precondition(lambda self: self.closed_list)
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def save_earlier_content(self, data, m):
+        """Save bytes equal to an earlier version (dedup: its chunks exist already, or
+        existed before gc)."""
+        self.before_step(m)
+        path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
+        n = data.draw(st.integers(0, len(self.closed_list) - 1), label="earlier")
+        label, content = self.closed_list[n]
+        self.write_file(m, path, content, f"again {label}", "plain", data)
+
+    def write_file(self, m: int, path: str, content: bytes, label: str, how: str,
+                   data) -> None:
+        self.note(f"{'AB'[m]}: save {path} = {label} ({len(content)} B, {how})")
+        target = self.abs(m, path)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            split = len(content)
+            if how != "plain":
+                pieces = -(-len(content) // PIECE)
+                split = min(len(content), PIECE * data.draw(st.integers(0, pieces), label="at"))
+            self._write_all(fd, content[:split])
+            if how != "plain":
+                if how == "fsync":
+                    os.fsync(fd)
+                else:
+                    subprocess.run(["true"], check=True)
+                fid = self.model.open_writer(path, m, content)
+                self.model.files[fid].written = split
+                self.note(f"{'AB'[m]}:   ... {how} after {split} B, file still open")
+                self.check(m)
+            self._write_all(fd, content[split:])
+        finally:
+            try:
+                os.close(fd)
+            except OSError as exc:
+                self.fail(f"close of {path} on {'AB'[m]} failed: {exc}")
+        if how != "plain":
+            self.model.close_writer(self.model.fid_at(path))
+        else:
+            self.model.write(path, content)
+        self.closed_version(content, label)
+        self.check(m)
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    @precondition(lambda self: self.model.file_paths())
+    @rule(data=st.data(), m=st.integers(0, 1), size=st.sampled_from(TRUNCATE_SIZES))
+    def truncate(self, data, m, size):
+        self.before_step(m)
+        options = self.free_files(m)
+        if not options:
+            return
+        path = self.pick(data, options, "path")
+        self.note(f"{'AB'[m]}: truncate {path} to {size}")
+        os.truncate(self.abs(m, path), size)
+        self.model.truncate(path, size)
+        content = self.model.files[self.model.fid_at(path)].content
+        self.closed_version(content, f"{path} truncated to {size}")
+        self.check(m)
+
+    # ------------------------------------------------------------------ rules: names
+
+    def movable(self, m: int, paths: list[str]) -> list[str]:
+        return [p for p in paths if self.model.busy(p) in (None, m)]
+
+    @precondition(lambda self: self.model.file_paths())
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def rename_file(self, data, m):
+        self.before_step(m)
+        sources = self.movable(m, self.model.file_paths())
+        if not sources:
+            return
+        src = self.pick(data, sources, "src")
+        targets = [p for p in self.free_files(m) if p != src] + self.new_file_paths()
+        dst = self.pick(data, targets, "dst")
+        self.note(f"{'AB'[m]}: rename {src} -> {dst}")
+        os.rename(self.abs(m, src), self.abs(m, dst))
+        assert self.model.rename(src, dst) == 0
+        self.check(m)
+
+    @precondition(lambda self: self.model.dirs())
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def rename_dir(self, data, m):
+        self.before_step(m)
+        sources = self.movable(m, self.model.dirs())
+        if not sources:
+            return
+        src = self.pick(data, sources, "src")
+        empty = [d for d in self.model.dirs() if d != src and not self.model.children(d)
+                 and not d.startswith(src + "/") and parent_of(src) != d]
+        targets = self.new_dir_paths(exclude=src) + empty
+        if not targets:
+            return
+        dst = self.pick(data, targets, "dst")
+        self.note(f"{'AB'[m]}: rename dir {src} -> {dst}")
+        os.rename(self.abs(m, src), self.abs(m, dst))
+        assert self.model.rename(src, dst) == 0
+        self.check(m)
+
+    @precondition(lambda self: self.model.file_paths())
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def unlink(self, data, m):
+        self.before_step(m)
+        options = self.movable(m, self.model.file_paths())
+        if not options:
+            return
+        path = self.pick(data, options, "path")
+        self.note(f"{'AB'[m]}: unlink {path}")
+        os.unlink(self.abs(m, path))
+        assert self.model.unlink(path) == 0
+        self.check(m)
+
+    @precondition(lambda self: len(self.model.dirs()) < 4)
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def mkdir(self, data, m):
+        self.before_step(m)
+        options = self.new_dir_paths()
+        if not options:
+            return
+        path = self.pick(data, options, "path")
+        self.note(f"{'AB'[m]}: mkdir {path}")
+        os.mkdir(self.abs(m, path))
+        assert self.model.mkdir(path) == 0
+        self.check(m)
+
+    @precondition(lambda self: self.model.dirs())
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def rmdir(self, data, m):
+        self.before_step(m)
+        options = [d for d in self.model.dirs() if not self.model.children(d)]
+        if not options:
+            return
+        path = self.pick(data, options, "path")
+        self.note(f"{'AB'[m]}: rmdir {path}")
+        os.rmdir(self.abs(m, path))
+        assert self.model.rmdir(path) == 0
+        self.check(m)
+
+    # ------------------------------------------------------------------ rules: open writers
+
+    @precondition(lambda self: len(self.writers) < 2)
+    @rule(data=st.data(), m=st.integers(0, 1), size=st.sampled_from(SIZES[1:]),
+          first=st.integers(0, 3))
+    def writer_open(self, data, m, size, first):
+        """A writer process opens (O_CREAT|O_TRUNC) and writes ``first`` pieces, then
+        holds the file open across the next steps."""
+        self.before_step(m)
+        path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
+        vid, content = self.new_version(size)
+        self.note(f"{'AB'[m]}: writer opens {path} for v{vid} ({size} B), writes "
+                  f"{first} piece(s)")
+        writer = BgWriter(self.abs(m, path), vid, size)
+        fid = self.model.open_writer(path, m, content)
+        self.writers[fid] = (m, writer)
+        if first:
+            writer.command(f"write {first}")
+        self.model.files[fid].written = writer.written
+        self.check(m)
+
+    @precondition(lambda self: self.writers)
+    @rule(data=st.data(), action=st.sampled_from(["write 1", "write 3", "fsync", "sub"]))
+    def writer_step(self, data, action):
+        """An open writer writes more, fsyncs, or runs a subprocess (which closes its
+        close-on-exec copy of the descriptor)."""
+        fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
+        m, writer = self.writers[fid]
+        self.before_step(m)
+        self.note(f"{'AB'[m]}: writer of v{writer.vid}: {action}")
+        writer.command(action)
+        self.model.files[fid].written = writer.written
+        self.check(m)
+
+    @precondition(lambda self: self.writers)
+    @rule(data=st.data())
+    def writer_close(self, data):
+        fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
+        m, writer = self.writers.pop(fid)
+        self.before_step(m)
+        self.note(f"{'AB'[m]}: writer of v{writer.vid} finishes and closes")
+        writer.command("close")
+        content = self.model.files[fid].pending
+        self.model.close_writer(fid)
+        self.closed_version(content, f"v{writer.vid}")
+        self.check(m)
+
+    @precondition(lambda self: self.writers)
+    @rule(data=st.data())
+    def writer_kill(self, data):
+        fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
+        m, writer = self.writers.pop(fid)
+        self.before_step(m)
+        self.note(f"{'AB'[m]}: writer of v{writer.vid} SIGKILLed after {writer.written} B")
+        writer.kill()
+        self.model.lose_writer(fid)
+        self.check(m)
+
+    # ------------------------------------------------------------------ rules: nodes
+
+    def _kill_node(self, m: int) -> None:
+        self.mounts[m].kill()
+        for fid, (wm, writer) in sorted(self.writers.items()):
+            if wm == m:
+                writer.kill()
+                del self.writers[fid]
+                self.model.lose_writer(fid)
+
+    @rule(m=st.integers(0, 1))
+    def daemon_restart(self, m):
+        """SIGKILL the daemon (open writers on it lose their file) and start it again on
+        the same state dir."""
+        self.before_step(m)
+        self.note(f"{'AB'[m]}: daemon SIGKILLed and restarted")
+        self._kill_node(m)
+        self._start(self.mounts[m])
+        self.check(m)
+
+    @rule(m=st.integers(0, 1))
+    def replace_node(self, m):
+        """A fresh node (new state dir) replaces one.  Async: what the old node closed is
+        waited for first (a node whose state is thrown away loses its pending uploads by
+        design)."""
+        if not self.sync:
+            self.sync_all()
+        self.note(f"{'AB'[m]}: node replaced by a fresh mount")
+        self._kill_node(m)
+        self.mounts[m] = self._new_mount(m)
+        self.check(m)
+
+    @precondition(lambda self: not self.writers)
+    @rule(m=st.integers(0, 1))
+    def gc(self, m):
+        """``ckptfs gc --grace 0`` with no writer open (a younger grace protects chunks of
+        unfinished saves; with none open, everything unreferenced is garbage)."""
+        if not self.sync:
+            self.sync_all()
+        self.note(f"{'AB'[m]}: ckptfs gc --grace 0")
+        run_ckptfs("gc", str(self.mounts[m].path), "--grace", "0", check=True)
+        self.check(None)
+
+    @precondition(lambda self: not self.sync)
+    @rule()
+    def wait_all(self):
+        self.note("ckptfs wait on every node")
+        self.sync_all()
+
+    # ------------------------------------------------------------------ rules: races
+
+    def race_ops(self) -> list[tuple]:
+        files = self.model.file_paths()
+        ops: list[tuple] = []
+        for f in files:
+            ops.append(("unlink", f))
+            ops.append(("write", f, 40_000))
+            for g in files + self.new_file_paths():
+                if g != f:
+                    ops.append(("rename", f, g))
+        for g in self.new_file_paths()[:2]:
+            ops.append(("write", g, 40_000))
+        return ops
+
+    @precondition(lambda self: not self.writers and self.model.file_paths())
+    @rule(data=st.data())
+    def race(self, data):
+        """One operation on each node at the same time; every node must converge to one
+        serial order's result."""
+        self.before_step(None)
+        if not self.sync:
+            self.sync_all()
+        ops = self.race_ops()
+        op_a = data.draw(st.sampled_from(ops), label="op on A")
+        op_b = data.draw(st.sampled_from(ops), label="op on B")
+        model_ops = []
+        for op in (op_a, op_b):
+            if op[0] == "write":
+                vid, content = self.new_version(op[2])
+                self.closed_version(content, f"v{vid}")
+                model_ops.append(("write", op[1], content))
+            else:
+                model_ops.append(op)
+        self.note(f"race: A {self.op_text(model_ops[0])} || B {self.op_text(model_ops[1])}")
+        barrier = threading.Barrier(2)
+        results: list[str] = ["", ""]
+
+        def run(i: int) -> None:
+            op = model_ops[i]
+            barrier.wait()
+            try:
+                if op[0] == "unlink":
+                    os.unlink(self.abs(i, op[1]))
+                elif op[0] == "rename":
+                    os.rename(self.abs(i, op[1]), self.abs(i, op[2]))
+                else:
+                    with open(self.abs(i, op[1]), "wb") as f:
+                        f.write(op[2])
+                results[i] = "ok"
+            except OSError as exc:
+                results[i] = errno.errorcode.get(exc.errno, str(exc))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.note(f"      results: A {results[0]}, B {results[1]}")
+        candidates = []
+        for order in ((0, 1), (1, 0)):
+            c = self.model.copy()
+            for i in order:
+                c.apply(model_ops[i])
+            candidates.append(c)
+        if self.sync:
+            self.converge(None, candidates)
+        else:
+            self.sync_all(candidates)
+
+    @staticmethod
+    def op_text(op: tuple) -> str:
+        if op[0] == "write":
+            return f"save {op[1]} = {describe(op[2], {}).split(' = ')[-1]}"
+        return " ".join(op)
+
+
+def _settings() -> settings:
+    return settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+                    database=None, derandomize=SEED is None, print_blob=True,
+                    report_multiple_bugs=False,
+                    suppress_health_check=list(HealthCheck),
+                    phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate])
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+@pytest.mark.parametrize("kind", STORES)
+def test_model(kind, durability, tmp_path, request):
+    ctx = Context(tmp_path, kind, durability,
+                  request.getfixturevalue("seaweed") if kind == "s3" else None)
+
+    def factory() -> ModelMachine:
+        return ModelMachine(ctx)
+
+    if SEED is not None:
+        factory = seed(int(SEED))(factory)
+    started = time.monotonic()
+    outcome = "failed"
+    try:
+        run_state_machine_as_test(factory, settings=_settings())
+        outcome = "passed"
+    finally:
+        elapsed = time.monotonic() - started
+        line = {"store": kind, "durability": durability, "seed": SEED,
+                "examples": ctx.examples, "steps": ctx.steps, "seconds": round(elapsed, 1),
+                "outcome": outcome}
+        print(f"model run: {json.dumps(line)}", file=sys.stderr)
+        if REPORT:
+            with open(REPORT, "a") as f:
+                f.write(json.dumps(line) + "\n")
