@@ -45,7 +45,7 @@ def describe(data: bytes, known: dict[str, str]) -> str:
         return f"{len(data)} bytes = {known[d]}"
     if not data:
         return "0 bytes (empty), not a closed version"
-    head = data[:40]
+    head = data[:64].split(b"\n")[0]
     try:
         parts = head.split()
         vid, size = int(parts[2]), int(parts[4])
