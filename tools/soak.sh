@@ -56,17 +56,23 @@ while :; do
     if (( max_examples && done_examples >= max_examples )); then break; fi
     runs=$((runs + 1))
     log="$soak_dir/run-$runs-seed-$seed.log"
+    lines_before=$(wc -l < "$report")
     CKPTFS_MODEL_SEED=$seed CKPTFS_MODEL_EXAMPLES=$per_run CKPTFS_MODEL_STEPS=$steps \
     CKPTFS_MODEL_STORES=$stores CKPTFS_MODEL_DURABILITY=$durabilities \
     CKPTFS_MODEL_SHRINK=${SHRINK:-1} CKPTFS_MODEL_REPORT=$report \
         "$python" -m pytest tests/integration/test_model.py -q -p no:cacheprovider \
         >"$log" 2>&1
     status=$?
+    if [ "$(wc -l < "$report")" -eq "$lines_before" ]; then
+        echo "soak: run $runs (seed $seed) ran no model test (exit $status); log $log:" >&2
+        tail -20 "$log" >&2
+        exit 2
+    fi
     if (( status != 0 )); then
         failed=$(grep -o 'test_model\[[^]]*\]' "$log" | sort -u | tr '\n' ' ')
         failures+=("seed $seed: ${failed:-see log} -> $log")
         echo "soak: run $runs (seed $seed) FAILED: ${failed:-exit $status}; log $log"
-        grep -E '^E +(SAFETY|NO CONVERGENCE|mount [AB] does not|.*failed)' "$log" | head -3 \
+        grep -E 'ModelFailure: |Flaky|Error: ' "$log" | sort -u | head -3 \
             | sed 's/^/    /'
     else
         echo "soak: run $runs (seed $seed) passed ($(tail -1 "$log"))"
