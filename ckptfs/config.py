@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .remote import MAX_CHUNK_SIZE
-from .profiles import DEFAULT_PROFILES, Profile, Profiles
+from .profiles import DEFAULT_PROFILES, TEXT, Profile, Profiles
 
 DEFAULT_CONFIG_FILE = Path("/etc/ckptfs/ckptfs.toml")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -102,6 +102,7 @@ _KEYS = {
     "writeback_cache": parse_bool,
     "checkpoint_formats": parse_checkpoint_formats,
     "lease_ttl": _number(float, "a number of seconds", zero_ok=False),
+    "stale_staged_after": parse_seconds,
 }
 
 
@@ -124,6 +125,7 @@ class Settings:
     writeback_cache: bool = False
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     lease_ttl: float = 30.0
+    stale_staged_after: float = 600.0   # report a staged directory nobody writes or seals
     profiles: Profiles = field(default_factory=Profiles)
 
 
@@ -134,14 +136,18 @@ def _profiles(raw) -> Profiles:
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
             raise ConfigError(f"profiles[{i}] is not a table")
-        unknown = set(item) - {"name", "pattern", "marks", "pointers"}
+        unknown = set(item) - {"name", "pattern", "marks", "pointers", "pointer_kind"}
         if unknown:
             raise ConfigError(f"profiles[{i}]: unknown key(s) {', '.join(sorted(unknown))}")
         if not isinstance(item.get("pattern"), str) or not item["pattern"]:
             raise ConfigError(f"profiles[{i}] needs a pattern")
-        out.append(Profile(name=str(item.get("name", item["pattern"])), pattern=item["pattern"],
-                           marks=tuple(item.get("marks", ())),
-                           pointers=tuple(item.get("pointers", ()))))
+        try:
+            out.append(Profile(name=str(item.get("name", item["pattern"])),
+                               pattern=item["pattern"], marks=tuple(item.get("marks", ())),
+                               pointers=tuple(item.get("pointers", ())),
+                               pointer_kind=item.get("pointer_kind", TEXT)))
+        except ValueError as exc:
+            raise ConfigError(f"profiles[{i}]: {exc}") from None
     return Profiles(tuple(out))
 
 

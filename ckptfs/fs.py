@@ -1628,10 +1628,11 @@ class Filesystem:
         targets = []
         if parent.staged and profiles.is_mark_for(parent.name, inode.name):
             targets.append(parent.ino)
-        if profiles.is_pointer(inode.name) and inode.size <= 4096:
+        limit = profiles.pointer_size_limit(inode.name)   # 0: not a pointer
+        if limit and inode.size <= limit:
             try:
                 with open(self.staging.path(inode.ino, inode.ver), "rb") as f:
-                    content = f.read(4096)
+                    content = f.read(limit)
             except (OSError, FsError):
                 content = b""
             for name in profiles.pointed_names(inode.name, content):

@@ -1,5 +1,7 @@
 """Settings precedence and checkpoint profiles."""
 
+import json
+
 import pytest
 
 from ckptfs.config import ConfigError, load
@@ -47,3 +49,76 @@ def test_default_profiles():
     assert b"iter_0000100" in p.pointed_names(b"latest_checkpointed_iteration.txt", b"100")
     assert p.pointed_names(b"notes.txt", b"global_step7") == []
     assert p.pointed_names(b"latest", b"../etc") == []
+
+
+def ray_snapshot(names: list[str], latest: str, pad_metrics: int = 0) -> bytes:
+    """The shape Ray Train 2.60 writes to <run>/checkpoint_manager_snapshot.json."""
+    def result(name):
+        return {"version": 0, "checkpoint_dir_name": name,
+                "metrics": {"epoch": 1, "notes": "x" * pad_metrics}}
+    return json.dumps({"ray_version": "2.60.0",
+                       "checkpoint_results": [result(n) for n in names],
+                       "checkpoint_report_indices": list(range(len(names))),
+                       "latest_checkpoint_result": result(latest),
+                       "pending_training_results": [], "pending_validation_specs": [],
+                       "current_report_index": len(names),
+                       "validated_checkpoint_dir_names": [],
+                       "timed_out_validation_checkpoint_dir_names": [],
+                       "failed_validation_checkpoint_dir_names": []}).encode()
+
+
+def test_ray_snapshot_pointer_names_every_kept_checkpoint():
+    p = Profiles()
+    snap = b"checkpoint_manager_snapshot.json"
+    names = [f"checkpoint_2026-11-30_21-29-{s:02d}.000000" for s in range(40)]
+    body = ray_snapshot(names, names[-1], pad_metrics=200)
+    assert len(body) > 4096                  # many checkpoints, rich metrics: > 4 KiB
+    assert p.is_pointer(snap)
+    assert p.pointer_size_limit(snap) >= len(body)
+    got = p.pointed_names(snap, body)
+    assert sorted(set(got)) == sorted(n.encode() for n in names)
+    # A name Ray was given (report(checkpoint_dir_name=...)) is named as it is.
+    assert p.pointed_names(snap, ray_snapshot(["epoch_3"], "epoch_3")) == [b"epoch_3"]
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"{not json", b"[]", b'"checkpoint_1"', b"[" * 100000 + b"]" * 100000,
+    json.dumps({"checkpoint_results": [{"checkpoint_dir_name": "../escape"},
+                                       {"checkpoint_dir_name": "a/b"},
+                                       {"checkpoint_dir_name": 7},
+                                       {"checkpoint_dir_name": ".."}]}).encode(),
+])
+def test_ray_snapshot_pointer_ignores_garbage(body):
+    assert Profiles().pointed_names(b"checkpoint_manager_snapshot.json", body) == []
+
+
+def test_text_pointers_keep_their_small_limit():
+    p = Profiles()
+    assert p.pointer_size_limit(b"latest") == 4096
+    assert p.pointer_size_limit(b"model.pt") == 0
+    assert p.pointed_names(b"latest", b"global_step7" + b" " * 5000) == []
+
+
+def test_extra_profile_with_a_ray_snapshot_pointer_and_bad_kind(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('[[extra_profiles]]\nname = "my-ray"\npattern = "ckpt_*"\n'
+                 'pointers = ["run_state.json"]\npointer_kind = "ray-snapshot"\n')
+    s = load(f, {}, {})
+    assert s.profiles.staged_on_create(b"ckpt_1") and s.profiles.staged_on_create(b"checkpoint_1")
+    assert s.profiles.pointed_names(b"run_state.json", ray_snapshot(["ckpt_1"], "ckpt_1")) \
+        == [b"ckpt_1"]
+    f.write_text('[[extra_profiles]]\npattern = "ckpt_*"\npointer_kind = "yaml"\n')
+    with pytest.raises(ConfigError, match="pointer_kind"):
+        load(f, {}, {})
+
+
+def test_stale_staged_after_setting(tmp_path):
+    assert load(None, {}, {}).stale_staged_after == 600.0
+    f = tmp_path / "c.toml"
+    f.write_text("stale_staged_after = 120\n")
+    assert load(f, {}, {}).stale_staged_after == 120.0
+    assert load(f, {"CKPTFS_STALE_STAGED_AFTER": "30"}, {}).stale_staged_after == 30.0
+    assert load(f, {"CKPTFS_STALE_STAGED_AFTER": "30"},
+                {"stale_staged_after": "0.5"}).stale_staged_after == 0.5
+    with pytest.raises(ConfigError, match="stale_staged_after"):
+        load(None, {"CKPTFS_STALE_STAGED_AFTER": "soon"}, {})
