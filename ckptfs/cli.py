@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default torch,safetensors,npy,pickle; empty: none)")
     m.add_argument("--lease-ttl", help="seconds a node's seal lease lives unrenewed "
                    "(default 30; see docs/decisions/0004)")
+    m.add_argument("--stale-staged-after", help="seconds after which a staged checkpoint "
+                   "directory that nothing writes and nobody sealed is reported (default 600)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -62,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show what a mount is doing")
     s.add_argument("mountpoint", type=Path)
+    s.add_argument("--staged", action="store_true", help="list this node's staged "
+                   "(unsealed, unlisted) checkpoint directories: idle time, state, path")
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "umount":
         return cmd_umount(args.mountpoint)
     if args.command == "status":
-        return cmd_status(args.mountpoint)
+        return cmd_status(args.mountpoint, args.staged)
     if args.command == "wait":
         return cmd_wait(args.path)
     if args.command == "commit":
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
                   "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
-                  "checkpoint_formats", "lease_ttl")
+                  "checkpoint_formats", "lease_ttl", "stale_staged_after")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -197,7 +201,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     profiles=settings.profiles,
                     writeback_cache=settings.writeback_cache,
                     checkpoint_formats=settings.checkpoint_formats,
-                    lease_ttl=settings.lease_ttl)
+                    lease_ttl=settings.lease_ttl,
+                    stale_staged_after=settings.stale_staged_after)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan
@@ -270,10 +275,22 @@ def cmd_umount(mountpoint: Path) -> int:
     return 0
 
 
-def cmd_status(mountpoint: Path) -> int:
+def cmd_status(mountpoint: Path, staged: bool = False) -> int:
     try:
-        for reply in control_request(mountpoint.absolute(), {"cmd": "status"}):
-            print(json.dumps(reply, indent=2, sort_keys=True))
+        for reply in control_request(mountpoint.absolute(),
+                                     {"cmd": "staged" if staged else "status"}):
+            if reply.get("error"):
+                return fail(reply["error"])
+            if not staged:
+                print(json.dumps(reply, indent=2, sort_keys=True))
+                continue
+            print(f"{'IDLE':>10}  {'STATE':<8} PATH")
+            for item in reply["staged"]:
+                print(f"{item['idle_s']:>9.1f}s  {item['state']:<8} {item['path']}")
+            print(f"ckptfs: {len(reply['staged'])} staged (unlisted) checkpoint "
+                  f"director{'y' if len(reply['staged']) == 1 else 'ies'} on this node; "
+                  f"'stale' = idle over {reply['stale_staged_after']:g} s and unsealed: "
+                  "`ckptfs commit PATH` seals one", file=sys.stderr)
     except ConnectionError as exc:
         return fail(str(exc))
     return 0

@@ -27,6 +27,7 @@ from .liveness import DEFAULT_SETTLE
 from .namespace import Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
+from .stale import StaleStagedWatch
 from .staging import ChunkCache, Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store)
@@ -209,6 +210,7 @@ class Daemon:
         self.stats = StoreStats()
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
+        self.stale: StaleStagedWatch | None = None
         self._shutdown = trio.Event()
         self._terminated = False
 
@@ -257,11 +259,14 @@ class Daemon:
                     pyfuse3.init(ops, str(opts.mountpoint), options)
                 except RuntimeError as exc:
                     raise MountError(f"FUSE mount failed: {exc}") from None
+                self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
+                                              self.config.stale_staged_after)
                 try:
                     await nursery.start(fs.queue.run)
                     await fs.start()
                     fs.leases.restore()
                     await nursery.start(fs.leases.run)
+                    nursery.start_soon(self.stale.run)
                     await nursery.start(self._serve_control, control_path)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
@@ -387,7 +392,12 @@ class Daemon:
                             "node_id": fs.leases.node_id,
                             "pending_seals": fs.leases.pending_report(),
                             "held_leases": fs.leases.held_report(),
-                            "lease_requests": vars(fs.leases.stats)})
+                            "lease_requests": vars(fs.leases.stats),
+                            "stale_staged": [d.to_json() for d in self.stale.stale()],
+                            "stale_staged_after": self.config.stale_staged_after})
+            elif command == "staged":
+                await send({"ok": True, "stale_staged_after": self.config.stale_staged_after,
+                            "staged": [d.to_json() for _, d in self.stale.scan()]})
             elif command in ("umount", "wait"):
                 while fs.pending_uploads():
                     await send({"pending_uploads": fs.pending_uploads(),

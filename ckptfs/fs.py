@@ -58,6 +58,7 @@ class Config:
     # Formats whose structure is checked before a close publishes (formats.FORMATS).
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     lease_ttl: float = 30.0            # cluster seal leases (docs/decisions/0004)
+    stale_staged_after: float = 600.0  # report a staged dir nobody writes or seals (stale.py)
 
 
 @dataclass
@@ -1742,6 +1743,10 @@ class Filesystem:
     def pending_uploads(self) -> int:
         """Closed files not yet in the store (pointers held for their checkpoint too)."""
         return len(self.queue.queued | set(self._held_pointers))
+
+    def is_writing(self, ino: int) -> bool:
+        """An open writer, or a pending upload, for this inode on this node."""
+        return bool(self._writers(ino)) or ino in self.queue.queued
 
     def state_of(self, ino: int) -> str:
         inode = self.ns.get(ino)

@@ -105,6 +105,7 @@ class Namespace:
         self.db_dir_ids = self.env.open_db(b"dir_ids")      # directory id -> inode
         self.db_publish = self.env.open_db(b"pending_publish")   # inode -> closed, unpublished
         self._cache: dict[int, Inode] = {}
+        self._staged: set[int] | None = None   # staged directories, indexed on first use
         with self.env.begin(write=True) as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
                 now = time.time_ns()
@@ -146,6 +147,8 @@ class Namespace:
             for inode in inodes:
                 txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
                 self._cache[inode.ino] = inode
+        for inode in inodes:
+            self._index(inode)
 
     def new_inode(self, parent: int, name: bytes, type_: str, mode: int, uid: int,
                   gid: int, **extra) -> Inode:
@@ -162,6 +165,7 @@ class Namespace:
             if inode.dir_id:
                 txn.put(inode.dir_id.encode(), _k(ino), db=self.db_dir_ids)
         self._cache[ino] = inode
+        self._index(inode)
         return inode
 
     def ino_of_dir_id(self, dir_id: str) -> int | None:
@@ -179,6 +183,8 @@ class Namespace:
                 if txn.get(key, db=self.db_dir_ids) == _k(ino):
                     txn.delete(key, db=self.db_dir_ids)
         self._cache.pop(ino, None)
+        if self._staged is not None:
+            self._staged.discard(ino)
 
     def all_inodes(self) -> Iterator[Inode]:
         with self.env.begin() as txn:
@@ -186,6 +192,32 @@ class Namespace:
         for raw in raws:
             inode = Inode.decode(raw)
             yield self._cache.get(inode.ino, inode)
+
+    # ------------------------------------------------------------------ staged directories
+
+    @staticmethod
+    def _is_staged_dir(inode: Inode) -> bool:
+        return inode.type == "dir" and inode.staged and bool(inode.parent)
+
+    def _index(self, inode: Inode) -> None:
+        if self._staged is None:
+            return
+        if self._is_staged_dir(inode):
+            self._staged.add(inode.ino)
+        else:
+            self._staged.discard(inode.ino)
+
+    def staged_dirs(self) -> list[Inode]:
+        """The staged (unsealed) directories this node's namespace holds.  The first call
+        scans every inode; later ones read an index that every change keeps current."""
+        if self._staged is None:
+            self._staged = {i.ino for i in self.all_inodes() if self._is_staged_dir(i)}
+        out = []
+        for ino in sorted(self._staged):
+            inode = self.maybe_get(ino)
+            if inode is not None and self._is_staged_dir(inode):
+                out.append(inode)
+        return out
 
     # ------------------------------------------------------------------ dentries
 
@@ -218,6 +250,7 @@ class Namespace:
             txn.delete(_k(inode.parent) + inode.name, db=self.db_dentries)
             inode.parent = 0
             txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._index(inode)
 
     def move(self, inode: Inode, new_parent: int, new_name: bytes) -> None:
         """Point ``new_parent/new_name`` at inode (replacing any dentry there)."""
@@ -228,6 +261,7 @@ class Namespace:
             inode.parent, inode.name = new_parent, new_name
             inode.ctime_ns = time.time_ns()
             txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._index(inode)
 
     def path_of(self, ino: int) -> bytes:
         parts = []
