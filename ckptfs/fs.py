@@ -328,7 +328,8 @@ class Filesystem:
                 self._adopt_entry(dir_inode.ino, name, entry, etag)
                 continue
             inode = self.ns.get(ino)
-            if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
+            if inode.dirty or self._writers(ino) or changed_locally or not inode.published \
+                    or self._locked(ino):   # a publish or seal of it is in flight
                 continue
             if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id):
                 self._forget_subtree(inode)
@@ -1638,9 +1639,23 @@ class Filesystem:
                 content = b""
             for name in profiles.pointed_names(inode.name, content):
                 ino = self.ns.lookup(parent.ino, name)
-                if ino is not None and self.ns.get(ino).staged:
+                if ino is None:
+                    # Made by another node since this one listed the parent (a Ray
+                    # worker's checkpoint, recorded by the controller here).
+                    self.nursery.start_soon(self._seal_pointed_later, parent.ino, name)
+                elif self.ns.get(ino).staged:
                     targets.append(ino)
         return targets
+
+    async def _seal_pointed_later(self, parent: int, name: bytes) -> None:
+        try:
+            await self.refresh_dir(parent, force=True)
+        except FsError as exc:
+            log.warning("pointer names %r: listing its directory failed (%s)", name, exc)
+            return
+        ino = self.ns.lookup(parent, name)
+        if ino is not None and self.ns.get(ino).staged:
+            await self._seal_in_background(ino)
 
     def _pending_under(self, dir_ino: int) -> bool:
         for ino in self.queue.queued:

@@ -94,3 +94,19 @@ def test_checkpoint_ray_never_recorded_stays_hidden(local_store, make_mount):
     fresh = make_mount(local_store, name="fresh")
     assert listed(fresh.path / "run") == [kept]
     assert (fresh.path / "run" / lost).is_dir()      # found by exact name, never listed
+
+
+def test_snapshot_written_on_another_node_than_the_checkpoint(s3_store, make_mount):
+    """The Ray controller (head node) records a checkpoint that a worker on another node
+    created a moment ago, before the head node's listing of the run directory knew it."""
+    worker = make_mount(s3_store, name="worker", extra=("--metadata-ttl", "30"))
+    head = make_mount(s3_store, name="head", extra=("--metadata-ttl", "30"))
+    (worker.path / "run").mkdir()
+    hrun = eventually(lambda: (head.path / "run").is_dir() and head.path / "run")
+    assert listed(hrun) == []                       # the head node's listing: fresh, empty
+    name = "checkpoint_2026-11-30_21-29-38.762799"
+    data = save_checkpoint(worker.path / "run", name)
+    (hrun / SNAPSHOT).write_bytes(snapshot([name]))
+    fresh = make_mount(s3_store, name="fresh")
+    assert eventually(lambda: listed(fresh.path / "run") == [name])
+    assert (fresh.path / "run" / name / "model.pt").read_bytes() == data
