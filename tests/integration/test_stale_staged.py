@@ -45,6 +45,7 @@ def test_stale_staged_reported_once_listed_and_gone_when_sealed(local_store, mak
         listing = staged_listing(mnt)
         assert listing[str(done)][1] == "stale" and listing[str(done)][0] >= 0.5
         assert listing[str(busy)][1] == "writing"
+        assert eventually(lambda: log_lines(mnt, str(done)))   # logged by the watch
         time.sleep(2)                                  # many scans later: still one report
         reports = log_lines(mnt, str(done))
         assert len(reports) == 1, reports
@@ -54,7 +55,7 @@ def test_stale_staged_reported_once_listed_and_gone_when_sealed(local_store, mak
     finally:
         writer.close()
     assert eventually(lambda: stale_paths(mnt) == sorted([str(done), str(busy)]))
-    assert len(log_lines(mnt, str(busy))) == 1
+    assert eventually(lambda: len(log_lines(mnt, str(busy))) == 1)   # logged by the watch
     assert run_ckptfs("commit", str(done)).returncode == 0
     assert eventually(lambda: stale_paths(mnt) == [str(busy)])
     assert str(done) not in staged_listing(mnt)
