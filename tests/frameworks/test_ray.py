@@ -45,12 +45,13 @@ MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def ray_session():
+def ray_session(tmp_path_factory):
     # The workers unpickle the training loop by value: this module is not importable
     # from their working directory.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # Ray's sessions (logs, sockets) under pytest's temp dir, not /tmp/ray.
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+             configure_logging=False, _temp_dir=str(tmp_path_factory.mktemp("ray")))
     yield
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
