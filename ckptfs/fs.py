@@ -328,8 +328,7 @@ class Filesystem:
                 self._adopt_entry(dir_inode.ino, name, entry, etag)
                 continue
             inode = self.ns.get(ino)
-            if inode.dirty or self._writers(ino) or changed_locally or not inode.published \
-                    or self._locked(ino):   # a publish or seal of it is in flight
+            if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
                 continue
             if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id):
                 self._forget_subtree(inode)

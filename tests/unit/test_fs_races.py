@@ -177,23 +177,3 @@ def test_killed_process_that_never_wrote_does_not_abandon_a_closed_version(tmp_p
         assert stored(fs, "root", b"ckpt") == b"V1-closed-cleanly"
 
     run(tmp_path, body, durability="async", chunk_size=CS)
-
-
-def test_refresh_during_seal_keeps_the_directory_sealed(tmp_path):
-    """A listing of the parent fetched while a seal's entry PUT is in flight still says
-    ``staged: true``: applying it must not hide the sealed directory again (found when a
-    pointer started a refresh of the parent next to a seal, issue 14)."""
-    async def body(fs, store):
-        d = await fs.mkdir(ROOT_INO, b"checkpoint-1", 0o755, 0, 0)
-        assert d.staged
-        sealing = entry_key("root", b"checkpoint-1")
-        store.before_put = lambda key: time.sleep(0.3) if key == sealing else None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(fs.seal, d.ino)
-            await trio.sleep(0.1)                  # the seal's entry PUT is in flight
-            await fs.refresh_dir(ROOT_INO, force=True)
-        store.before_put = None
-        assert not fs.ns.get(d.ino).staged
-        assert [name for name, _ in await fs.listdir(ROOT_INO)] == [b"checkpoint-1"]
-
-    run(tmp_path, body, chunk_size=CS)
