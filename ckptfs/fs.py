@@ -1611,7 +1611,12 @@ class Filesystem:
         """Seal what a closed completion mark or pointer file completes.  With ``wait``
         returns an awaitable that seals now; otherwise seals in the background once the
         pending publishes below the directory are done (async durability)."""
-        targets = self._seal_targets(inode)
+        unknown: list[bytes] = []
+        targets = self._seal_targets(inode, unknown)
+        for name in unknown:
+            # Made by another node since this one listed the parent (a Ray worker's
+            # checkpoint, recorded by the controller here): look, then seal.
+            self.nursery.start_soon(self._seal_pointed_later, inode.parent, name)
         if wait:
             async def seal_all() -> None:
                 for ino in targets:
@@ -1621,7 +1626,9 @@ class Filesystem:
             self.nursery.start_soon(self._seal_in_background, ino)
         return None
 
-    def _seal_targets(self, inode: Inode) -> list[int]:
+    def _seal_targets(self, inode: Inode, unknown: list[bytes] | None = None) -> list[int]:
+        """Staged directories a closed mark or pointer seals; names a pointer gives that
+        this node does not know go to ``unknown``."""
         if inode.type != "file" or not inode.parent:
             return []
         profiles = self.config.profiles
@@ -1639,9 +1646,8 @@ class Filesystem:
             for name in profiles.pointed_names(inode.name, content):
                 ino = self.ns.lookup(parent.ino, name)
                 if ino is None:
-                    # Made by another node since this one listed the parent (a Ray
-                    # worker's checkpoint, recorded by the controller here).
-                    self.nursery.start_soon(self._seal_pointed_later, parent.ino, name)
+                    if unknown is not None:
+                        unknown.append(name)
                 elif self.ns.get(ino).staged:
                     targets.append(ino)
         return targets
