@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh frameworks
-exec .venv/bin/python -m pytest "$@"
+# Two workers, a test file each; any arguments replace these defaults' targets only.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
