@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh frameworks
-# Two workers, a test file each; any arguments replace these defaults' targets only.
+# Two workers, a test file each; extra arguments go to pytest (a file, -k, ...).
 exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
