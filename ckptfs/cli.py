@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 30; see docs/decisions/0004)")
     m.add_argument("--stale-staged-after", help="seconds after which a staged checkpoint "
                    "directory that nothing writes and nobody sealed is reported (default 600)")
+    m.add_argument("--store-timeout", help="seconds one store request may take, retries "
+                   "included, before it fails with EIO (default 60)")
+    m.add_argument("--stop-timeout", help="seconds an unmount or SIGTERM waits for pending "
+                   "uploads before unmounting anyway, uploads kept journaled (default 600)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
                   "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
-                  "checkpoint_formats", "lease_ttl", "stale_staged_after")
+                  "checkpoint_formats", "lease_ttl", "stale_staged_after", "store_timeout",
+                  "stop_timeout")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -141,7 +146,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     state_dir = Path(settings.state_dir or default_state_dir(mountpoint)).absolute()
     # Cheap checks first, so mistakes fail without a daemon.
     try:
-        open_store(settings.store, settings.endpoint_url)
+        open_store(settings.store, settings.endpoint_url, settings.store_timeout)
         check_mountpoint(mountpoint)
     except (BadStoreURL, MountError) as exc:
         return fail(str(exc))
@@ -202,7 +207,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     writeback_cache=settings.writeback_cache,
                     checkpoint_formats=settings.checkpoint_formats,
                     lease_ttl=settings.lease_ttl,
-                    stale_staged_after=settings.stale_staged_after)
+                    stale_staged_after=settings.stale_staged_after,
+                    store_timeout=settings.store_timeout,
+                    stop_timeout=settings.stop_timeout)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan

@@ -4,6 +4,7 @@ Knows nothing of how the settings are used."""
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,31 +20,55 @@ class ConfigError(ValueError):
     pass
 
 
+def _finite(value, what: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"not {what}: {value!r}")
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"not {what}: {value!r}") from None
+    if not math.isfinite(n):
+        raise ConfigError(f"must be a finite number: {value!r}")
+    return n
+
+
 def parse_size(value) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
-    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
-    number = text[:-1] if unit else text
-    try:
-        size = int(float(number) * _UNITS[unit])
-    except ValueError:
-        raise ConfigError(f"not a size: {value!r}") from None
+        size = value
+    else:
+        text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+        number = text[:-1] if unit else text
+        size = int(_finite(number, "a size", ) * _UNITS[unit]) if number else -1
     if size <= 0:
         raise ConfigError(f"size must be positive: {value!r}")
     return size
 
 
-def parse_chunk_size(value) -> int:
-    size = parse_size(value)
-    if size > MAX_CHUNK_SIZE:
-        raise ConfigError(f"chunk size must be at most {MAX_CHUNK_SIZE >> 20} MiB: {value!r}")
-    return size
+def _size_between(low: int, high: int, power_of_two: bool = False):
+    def parse(value) -> int:
+        size = parse_size(value)
+        if power_of_two and size & (size - 1):
+            raise ConfigError(f"must be a power of two ({low >> 20} MiB to {high >> 20} MiB): "
+                              f"{value!r}")
+        if not low <= size <= high:
+            raise ConfigError(f"must be between {_human(low)} and {_human(high)}: {value!r}")
+        return size
+    return parse
+
+
+def _human(size: int) -> str:
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} bytes"
 
 
 def parse_bool(value) -> bool:
     if isinstance(value, bool):
         return value
+    if not isinstance(value, str):
+        raise ConfigError(f"not a boolean: {value!r}")
     text = str(value).strip().lower()
     if text in ("1", "true", "yes", "on"):
         return True
@@ -58,20 +83,30 @@ def parse_durability(value) -> str:
     return value
 
 
-def _number(cast, what: str, zero_ok: bool):
-    def parse(value):
-        try:
-            n = cast(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"not {what}: {value!r}") from None
-        if n < 0 or (n == 0 and not zero_ok):
-            raise ConfigError(f"must be {'non-negative' if zero_ok else 'positive'}: {value!r}")
+def _count(low: int, high: int):
+    def parse(value) -> int:
+        n = _finite(value, "a whole number")
+        if n != int(n):
+            raise ConfigError(f"not a whole number: {value!r}")
+        if not low <= n <= high:
+            raise ConfigError(f"must be between {low} and {high}: {value!r}")
+        return int(n)
+    return parse
+
+
+def _seconds(low: float, high: float, low_ok: bool = True):
+    def parse(value) -> float:
+        n = _finite(value, "a number of seconds")
+        if n < low or (n == low and not low_ok) or n > high:
+            bound = f"at least {low:g}" if low_ok else f"more than {low:g}"
+            raise ConfigError(f"must be {bound} and at most {high:g} seconds: {value!r}")
         return n
     return parse
 
 
-parse_positive_int = _number(int, "a whole number", zero_ok=False)
-parse_seconds = _number(float, "a number of seconds", zero_ok=True)
+DAY = 24 * 3600.0
+parse_positive_int = _count(1, 1 << 30)
+parse_seconds = _seconds(0.0, 3650 * DAY)
 
 
 def parse_checkpoint_formats(value) -> tuple[str, ...]:
@@ -92,17 +127,24 @@ _KEYS = {
     "state_dir": str,
     "durability": parse_durability,
     "single_writer": parse_bool,
-    "chunk_size": parse_chunk_size,
-    "cache_size": parse_size,
-    "metadata_ttl": parse_seconds,
-    "upload_concurrency": parse_positive_int,
-    "fetch_concurrency": parse_positive_int,
+    # A chunk is a power of two between 1 and 64 MiB (remote.MAX_CHUNK_SIZE: every
+    # node must be able to read it).
+    "chunk_size": _size_between(1 << 20, MAX_CHUNK_SIZE, power_of_two=True),
+    "cache_size": _size_between(1 << 20, 1 << 50),
+    "metadata_ttl": _seconds(0.0, DAY),
+    "upload_concurrency": _count(1, 1024),
+    "fetch_concurrency": _count(1, 1024),
     "gc_grace": parse_seconds,
     "gc_settle": parse_seconds,
     "writeback_cache": parse_bool,
     "checkpoint_formats": parse_checkpoint_formats,
-    "lease_ttl": _number(float, "a number of seconds", zero_ok=False),
+    "lease_ttl": _seconds(0.0, DAY, low_ok=False),
     "stale_staged_after": parse_seconds,
+    # The overall bound of one store call, all retries together; past it, EIO.
+    "store_timeout": _seconds(1.0, DAY),
+    # How long an unmount (or SIGTERM) waits for pending uploads before it unmounts
+    # anyway, leaving them journaled for the next mount.
+    "stop_timeout": _seconds(0.0, 7 * DAY),
 }
 
 
@@ -126,6 +168,8 @@ class Settings:
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     lease_ttl: float = 30.0
     stale_staged_after: float = 600.0   # report a staged directory nobody writes or seals
+    store_timeout: float = 60.0
+    stop_timeout: float = 600.0
     profiles: Profiles = field(default_factory=Profiles)
 
 

@@ -30,7 +30,7 @@ from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
 from .staging import ChunkCache, Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
-                    StoreError, StoreStats, open_store)
+                    RetryPolicy, StoreError, StoreStats, open_store)
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +77,14 @@ def prepare_state_dir(state_dir: Path) -> None:
 
 
 def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
-                wrap=None) -> ObjectStore:
+                wrap=None, timeout: float = 60.0) -> RetryingStore:
     try:
-        raw = open_store(url, endpoint_url)
+        raw = open_store(url, endpoint_url, timeout)
     except ValueError as exc:
         raise MountError(str(exc)) from None
     if wrap is not None:
         raw = wrap(raw)
-    return RetryingStore(CountingStore(raw, stats), stats=stats)
+    return RetryingStore(CountingStore(raw, stats), RetryPolicy(timeout=timeout), stats=stats)
 
 
 def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,
@@ -218,7 +218,8 @@ class Daemon:
         opts = self.opts
         check_mountpoint(opts.mountpoint)
         prepare_state_dir(opts.state_dir)
-        store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap)
+        store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
+                            self.config.store_timeout)
         fmt = await trio.to_thread.run_sync(probe_store, store, opts.single_writer,
                                             self.config.chunk_size, self.config.gc_settle)
         if fmt.chunk_size is not None and fmt.chunk_size != self.config.chunk_size:

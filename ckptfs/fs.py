@@ -59,6 +59,8 @@ class Config:
     checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
     lease_ttl: float = 30.0            # cluster seal leases (docs/decisions/0004)
     stale_staged_after: float = 600.0  # report a staged dir nobody writes or seals (stale.py)
+    store_timeout: float = 60.0        # overall bound of one store call (store.RetryPolicy)
+    stop_timeout: float = 600.0        # unmount/SIGTERM: wait this long for uploads
 
 
 @dataclass
@@ -845,6 +847,7 @@ class Filesystem:
                                                         index * size, size)
         except Exception as exc:  # flush uploads it again and reports the error
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
+            pending.error = exc   # a timeout is not tried again: the close stays bounded
         finally:
             pending.done.set()
 

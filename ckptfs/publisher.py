@@ -22,7 +22,7 @@ import trio
 
 from .liveness import ChunkLiveness
 from .remote import chunk_key
-from .store import ObjectStore
+from .store import ObjectStore, StoreTimeout, is_permanent
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class _Pending:
     gen: int
     done: trio.Event = field(default_factory=trio.Event)
     result: tuple[str, int] | None = None
+    error: BaseException | None = None      # why the pipelined upload failed
 
 
 class ChunkTracker:
@@ -165,6 +166,11 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
             await pending.done.wait()
             if pending.result is not None and tracker.pending.get(index) is pending:
                 result[index] = pending.result
+                return
+            if isinstance(pending.error, StoreTimeout) and tracker.pending.get(index) is pending:
+                # The store did not answer within store_timeout just now: uploading the
+                # chunk again would double the writer's wait.
+                errors.append(pending.error)
                 return
         try:
             result[index] = await uploader.upload(path, offset, length)

@@ -14,6 +14,7 @@ import base64
 import fcntl
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -42,6 +43,23 @@ class NotFound(StoreError):
 
 class PreconditionFailed(StoreError):
     """A conditional write or delete found the key in another state (HTTP 412)."""
+
+
+class StoreTimeout(TransientStoreError):
+    """A store call did not finish within its overall deadline (``store_timeout``),
+    all attempts together.  Transient: a later call may well succeed."""
+
+
+class StoreClosed(TransientStoreError):
+    """The store was closed (the daemon is stopping) while the call was in flight."""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A store failure that retrying cannot cure (a 4xx other than 408/429: a key too
+    long, an invalid argument, access denied).  Not-found and precondition failures are
+    answers, not failures, and are not permanent in this sense."""
+    return isinstance(exc, StoreError) and not isinstance(
+        exc, (TransientStoreError, NotFound, PreconditionFailed))
 
 
 @dataclass(frozen=True)
@@ -269,6 +287,8 @@ class S3Store:
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
                  max_pool: int = 32, timeout: float = 30.0) -> None:
+        """``timeout`` is the overall budget of one call (``store_timeout``): one
+        attempt's socket timeouts are scaled so that no attempt alone outlives it."""
         import boto3
         from botocore.config import Config
 
@@ -281,8 +301,10 @@ class S3Store:
         self.client = session.client(
             "s3", endpoint_url=endpoint_url,
             config=Config(retries={"max_attempts": 1, "mode": "standard"},
-                          max_pool_connections=max_pool, connect_timeout=5,
-                          read_timeout=timeout, signature_version=_prehashed_signer(),
+                          max_pool_connections=max_pool,
+                          connect_timeout=min(5.0, max(0.5, timeout / 4)),
+                          read_timeout=min(30.0, max(0.5, timeout / 2)),
+                          signature_version=_prehashed_signer(),
                           s3={"addressing_style": "path"},
                           # Chunks are verified end to end against their sha256; an extra
                           # CRC32 over every body in Python costs CPU the FUSE loop needs.
@@ -312,7 +334,7 @@ class S3Store:
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                         "403", "InvalidToken", "ExpiredToken"):
                 return StoreError(f"access denied by the store ({code}): check credentials")
-            if status >= 500 or status == 429 or code in ("SlowDown", "Throttling",
+            if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
                                                            "RequestTimeout",
                                                            "InternalError",
                                                            "ServiceUnavailable"):
@@ -429,10 +451,76 @@ class RetryPolicy:
     attempts: int = 6
     base_delay: float = 0.1
     max_delay: float = 5.0
+    timeout: float = 60.0      # overall deadline of one call, all attempts together
+
+
+class _Attempt:
+    """One try of a store call, run in an ``_AttemptRunner`` thread."""
+
+    __slots__ = ("fn", "event", "finished", "result", "error")
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.event = threading.Event()   # set when finished, or to wake the waiter
+        self.finished = False
+        self.result = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            self.error = exc
+        finally:
+            self.finished = True
+            self.event.set()
+
+
+class _AttemptRunner:
+    """Worker threads that run attempts, so that a caller stops waiting at its deadline
+    even when a socket read or a hung file system never returns.  A late attempt keeps
+    its thread until it ends (bounded by the store's own socket timeouts); idle threads
+    are reused and leave after ``idle_exit`` seconds.  Daemon threads: an attempt still
+    stuck at exit never holds the process up."""
+
+    def __init__(self, idle_exit: float = 30.0) -> None:
+        self.idle_exit = idle_exit
+        self._tasks: queue.SimpleQueue[_Attempt] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0          # idle threads not yet promised a task
+
+    def submit(self, fn) -> _Attempt:
+        attempt = _Attempt(fn)
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name="ckptfs-store").start()
+        self._tasks.put(attempt)
+        return attempt
+
+    def _work(self) -> None:
+        while True:
+            try:
+                attempt = self._tasks.get(timeout=self.idle_exit)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:
+                        self._idle -= 1
+                        return
+                continue
+            attempt.run()
+            with self._lock:
+                self._idle += 1
 
 
 class RetryingStore:
-    """Retries transient failures with exponential backoff and full jitter."""
+    """Retries transient failures with exponential backoff and full jitter, within an
+    overall deadline per call (``policy.timeout``): no attempt outlives it and no new
+    attempt or sleep starts past it; then ``StoreTimeout`` names the operation and the
+    key.  Permanent failures are never retried.  ``close()`` makes every call in flight
+    return at once with ``StoreClosed`` (the daemon is stopping)."""
 
     def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
                  stats: "StoreStats | None" = None) -> None:
@@ -440,50 +528,109 @@ class RetryingStore:
         self.policy = policy or RetryPolicy()
         self.stats = stats
         self.url = inner.url
+        self._runner = _AttemptRunner()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: set[_Attempt] = set()
 
-    def _call(self, what: str, fn, *args):
+    def close(self) -> None:
+        """Give up every call in flight (their threads end on their own) and refuse new
+        ones: used when the daemon stops with uploads still pending."""
+        self._closed.set()
+        with self._lock:
+            waiting = list(self._waiting)
+        for attempt in waiting:
+            attempt.event.set()
+
+    def _timeout(self, what: str, key: str, last: BaseException | None) -> StoreTimeout:
+        why = f" (last error: {last})" if last is not None else ""
+        exc = StoreTimeout(f"store timeout: {what} {key} after {self.policy.timeout:g} s{why}")
+        log.error("%s", exc)
+        if self.stats:
+            self.stats.add(errors=1)
+        return exc
+
+    def _attempt(self, fn, deadline: float):
+        """Run ``fn`` once; return its result, raise its error, or return ``_LATE`` if the
+        deadline passed (or the store was closed) first."""
+        attempt = self._runner.submit(fn)
+        with self._lock:
+            self._waiting.add(attempt)
+        try:
+            attempt.event.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._waiting.discard(attempt)
+        if not attempt.finished:
+            return _LATE
+        if attempt.error is not None:
+            raise attempt.error
+        return attempt.result
+
+    def _call(self, what: str, key: str, fn):
+        deadline = time.monotonic() + self.policy.timeout
         attempt = 0
+        last: BaseException | None = None
         while True:
+            if self._closed.is_set():
+                raise StoreClosed(f"store closed: {what} {key} given up (unmounting)")
+            if time.monotonic() >= deadline:
+                raise self._timeout(what, key, last)
             try:
-                return fn(*args)
+                result = self._attempt(fn, deadline)
             except TransientStoreError as exc:
+                last = exc
                 attempt += 1
                 if self.stats:
                     self.stats.add(errors=1)
                 if attempt >= self.policy.attempts:
-                    log.error("store %s failed after %d attempts: %s", what, attempt, exc)
+                    log.error("store %s %s failed after %d attempts: %s", what, key, attempt,
+                              exc)
                     raise
                 delay = random.uniform(0, min(self.policy.max_delay,
                                               self.policy.base_delay * 2 ** attempt))
-                log.warning("store %s failed (%s); retry %d in %.2fs", what, exc, attempt, delay)
+                if time.monotonic() + delay >= deadline:
+                    raise self._timeout(what, key, last) from None
+                log.warning("store %s %s failed (%s); retry %d in %.2fs", what, key, exc,
+                            attempt, delay)
                 if self.stats:
                     self.stats.add(retries=1)
-                time.sleep(delay)
+                self._closed.wait(delay)
+                continue
+            if result is _LATE:
+                if self._closed.is_set():
+                    raise StoreClosed(f"store closed: {what} {key} given up (unmounting)")
+                raise self._timeout(what, key, last)
+            return result
 
     def check(self) -> None:
-        self.inner.check()
+        self._call("check", "", self.inner.check)
 
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:
-        return self._call("put", lambda: self.inner.put(key, data, sha256, if_match=if_match))
+        return self._call("put", key, lambda: self.inner.put(key, data, sha256,
+                                                             if_match=if_match))
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
-        return self._call("put_if_absent", self.inner.put_if_absent, key, data)
+        return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
 
     def get(self, key: str) -> tuple[bytes, str]:
-        return self._call("get", self.inner.get, key)
+        return self._call("get", key, lambda: self.inner.get(key))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self._call("get_range", self.inner.get_range, key, start, end)
+        return self._call("get_range", key, lambda: self.inner.get_range(key, start, end))
 
     def exists(self, key: str) -> bool:
-        return self._call("exists", self.inner.exists, key)
+        return self._call("exists", key, lambda: self.inner.exists(key))
 
     def list(self, prefix: str) -> Iterator[ListedObject]:
-        return iter(self._call("list", lambda p: list(self.inner.list(p)), prefix))
+        return iter(self._call("list", prefix, lambda: list(self.inner.list(prefix))))
 
     def delete(self, key: str, if_match: str | None = None) -> None:
-        self._call("delete", self.inner.delete, key, if_match)
+        self._call("delete", key, lambda: self.inner.delete(key, if_match))
+
+
+_LATE = object()
 
 
 @dataclass
@@ -572,8 +719,9 @@ class BadStoreURL(ValueError):
     pass
 
 
-def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
-    """Build the raw store a URL names (no retries, no counting)."""
+def open_store(url: str, endpoint_url: str | None = None, timeout: float = 60.0) -> ObjectStore:
+    """Build the raw store a URL names (no retries, no counting); ``timeout`` is the
+    overall budget of one call (an S3 client scales its socket timeouts to it)."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
@@ -586,5 +734,5 @@ def open_store(url: str, endpoint_url: str | None = None) -> ObjectStore:
             raise BadStoreURL(f"bad store URL {url!r}: use s3://bucket/prefix")
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or \
             os.environ.get("AWS_ENDPOINT_URL")
-        return S3Store(parsed.netloc, parsed.path, endpoint)
+        return S3Store(parsed.netloc, parsed.path, endpoint, timeout=timeout)
     raise BadStoreURL(f"bad store URL {url!r}: expected file:///path or s3://bucket/prefix")

@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 from ckptfs.seaweed import SeaweedServer
+from proxy import FaultProxy
+
+# Every integration test fails on an unexpected ERROR or Traceback in a daemon log.
+pytest_plugins = ["logcheck"]
 
 BUCKET = "ckptfs-test"
 
@@ -59,6 +63,7 @@ class StoreSpec:
     env: dict = field(default_factory=dict)
     root: Path | None = None     # LocalStore directory
     seaweed: SeaweedServer | None = None
+    proxy: FaultProxy | None = None   # the fault proxy its endpoint goes through
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -84,6 +89,18 @@ def local_store(tmp_path) -> StoreSpec:
 def s3_store(seaweed) -> StoreSpec:
     return StoreSpec("s3", f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}", env=seaweed.env(),
                      seaweed=seaweed)
+
+
+@pytest.fixture
+def store_proxy(s3_store):
+    """The same store as ``s3_store``, reached through a fault-injecting TCP proxy:
+    ``store_proxy.proxy.mode = "hang"`` (pass/refuse/hang/503/reset/slow) while a
+    daemon runs.  ``s3_store`` in the same test is the direct way to the same prefix."""
+    proxy = FaultProxy(s3_store.seaweed.s3_port)
+    env = dict(s3_store.env)
+    env["AWS_ENDPOINT_URL"] = proxy.endpoint_url
+    yield StoreSpec("s3", s3_store.url, env=env, seaweed=s3_store.seaweed, proxy=proxy)
+    proxy.close()
 
 
 class Mount:

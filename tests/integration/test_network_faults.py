@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 
-from conftest import StoreSpec
-from proxy import ResettingProxy
 
-
-def test_connection_resets_are_retried(s3_store, make_mount, monkeypatch):
-    proxy = ResettingProxy(s3_store.seaweed.s3_port)
-    try:
-        env = dict(s3_store.env)
-        env["AWS_ENDPOINT_URL"] = proxy.endpoint_url
-        via_proxy = StoreSpec("s3", s3_store.url, env=env, seaweed=s3_store.seaweed)
-        mnt = make_mount(via_proxy)
-        data = os.urandom(20 << 20)
-        before = mnt.store_stats()["retries"]
-        proxy.reset_all_and_next(3)      # a blip: open connections die, then 3 more
-        (mnt.path / "a.bin").write_bytes(data)
-        (mnt.path / "b.bin").write_bytes(data[::-1])
-        stats = mnt.store_stats()
-        assert proxy.resets_done == 3
-        assert stats["retries"] > before
-        assert (mnt.path / "a.bin").read_bytes() == data
-        other = make_mount(s3_store, name="direct")
-        assert (other.path / "a.bin").read_bytes() == data
-        assert (other.path / "b.bin").read_bytes() == data[::-1]
-    finally:
-        proxy.close()
+def test_connection_resets_are_retried(store_proxy, s3_store, make_mount):
+    proxy = store_proxy.proxy
+    mnt = make_mount(store_proxy)
+    data = os.urandom(20 << 20)
+    before = mnt.store_stats()["retries"]
+    proxy.reset_all_and_next(3)      # a blip: open connections die, then 3 more
+    (mnt.path / "a.bin").write_bytes(data)
+    (mnt.path / "b.bin").write_bytes(data[::-1])
+    stats = mnt.store_stats()
+    assert proxy.resets_done == 3
+    assert stats["retries"] > before
+    assert (mnt.path / "a.bin").read_bytes() == data
+    other = make_mount(s3_store, name="direct")
+    assert (other.path / "a.bin").read_bytes() == data
+    assert (other.path / "b.bin").read_bytes() == data[::-1]

@@ -122,3 +122,64 @@ def test_stale_staged_after_setting(tmp_path):
                 {"stale_staged_after": "0.5"}).stale_staged_after == 0.5
     with pytest.raises(ConfigError, match="stale_staged_after"):
         load(None, {"CKPTFS_STALE_STAGED_AFTER": "soon"}, {})
+
+
+# ---------------------------------------------------------------- numbers are validated
+
+
+@pytest.mark.parametrize("key,value", [
+    ("metadata_ttl", "nan"), ("metadata_ttl", "inf"), ("metadata_ttl", "-1"),
+    ("gc_grace", "nan"), ("gc_grace", "-inf"), ("gc_grace", "1e400"),
+    ("store_timeout", "nan"), ("store_timeout", "inf"), ("store_timeout", "0"),
+    ("store_timeout", "-5"), ("store_timeout", "0.1"), ("store_timeout", "1e9"),
+    ("stop_timeout", "nan"), ("stop_timeout", "-1"), ("stop_timeout", "inf"),
+    ("chunk_size", "1"), ("chunk_size", "3M"), ("chunk_size", "512k"), ("chunk_size", "128M"),
+    ("chunk_size", "inf"), ("chunk_size", "nan"), ("chunk_size", "-8M"), ("chunk_size", "0"),
+    ("cache_size", "inf"), ("cache_size", "nan"), ("cache_size", "1"),
+    ("upload_concurrency", "0"), ("upload_concurrency", "1.5"), ("upload_concurrency", "100000"),
+    ("fetch_concurrency", "nan"), ("fetch_concurrency", "-3"),
+])
+def test_bad_numbers_refused_from_every_source(tmp_path, key, value):
+    f = tmp_path / "c.toml"
+    f.write_text(f'{key} = "{value}"\n')
+    with pytest.raises(ConfigError, match=key):
+        load(f, {}, {})
+    with pytest.raises(ConfigError, match=key):
+        load(None, {f"CKPTFS_{key.upper()}": value}, {})
+    with pytest.raises(ConfigError, match=key):
+        load(None, {}, {key: value})
+
+
+def test_toml_native_floats_checked_too(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("metadata_ttl = nan\n")
+    with pytest.raises(ConfigError, match="finite"):
+        load(f, {}, {})
+    f.write_text("store_timeout = inf\n")
+    with pytest.raises(ConfigError, match="finite"):
+        load(f, {}, {})
+    f.write_text("chunk_size = 1\n")
+    with pytest.raises(ConfigError, match="between 1 MiB and 64 MiB"):
+        load(f, {}, {})
+    f.write_text("chunk_size = 3145728\n")
+    with pytest.raises(ConfigError, match="power of two"):
+        load(f, {}, {})
+    f.write_text("single_writer = 3\n")
+    with pytest.raises(ConfigError, match="boolean"):
+        load(f, {}, {})
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("chunk_size", "1M", 1 << 20), ("chunk_size", "64M", 64 << 20), ("chunk_size", 8 << 20, 8 << 20),
+    ("metadata_ttl", "0", 0.0), ("metadata_ttl", "0.2", 0.2),
+    ("store_timeout", "5", 5.0), ("store_timeout", 60, 60.0),
+    ("stop_timeout", "0", 0.0), ("stop_timeout", "600", 600.0),
+    ("cache_size", "16M", 16 << 20), ("gc_grace", "0", 0.0),
+])
+def test_sane_numbers_accepted(key, value, expected):
+    assert getattr(load(None, {}, {key: value}), key) == expected
+
+
+def test_timeouts_default():
+    s = load(None, {}, {})
+    assert (s.store_timeout, s.stop_timeout) == (60.0, 600.0)
