@@ -63,8 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
-    u = sub.add_parser("umount", help="finish pending uploads, then unmount")
+    u = sub.add_parser("umount", help="finish pending uploads (for at most --timeout), "
+                       "then unmount")
     u.add_argument("mountpoint", type=Path)
+    u.add_argument("--timeout", type=_timeout_arg, default=None,
+                   help="seconds to wait for pending uploads before unmounting anyway; "
+                   "unfinished ones stay journaled and the next mount resumes them "
+                   "(default: the mount's stop_timeout, 600)")
 
     s = sub.add_parser("status", help="show what a mount is doing")
     s.add_argument("mountpoint", type=Path)
@@ -93,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _timeout_arg(text: str) -> float:
+    from .config import ConfigError, parse_seconds
+    try:
+        return parse_seconds(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def fail(message: str, code: int = 1) -> int:
     print(f"ckptfs: {message}", file=sys.stderr)
     return code
@@ -100,10 +113,21 @@ def fail(message: str, code: int = 1) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return run_command(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback (-v shows it)
+        if args.verbose:
+            raise
+        return fail(f"{args.command}: {exc.__class__.__name__}: {exc}")
+
+
+def run_command(args: argparse.Namespace) -> int:
     if args.command == "mount":
         return cmd_mount(args)
     if args.command == "umount":
-        return cmd_umount(args.mountpoint)
+        return cmd_umount(args.mountpoint, args.timeout)
     if args.command == "status":
         return cmd_status(args.mountpoint, args.staged)
     if args.command == "wait":
@@ -244,41 +268,84 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
 
 
 def control_request(mountpoint: Path, request: dict):
-    """Send a request to the daemon serving ``mountpoint``; yield its replies."""
+    """Send a request to the daemon serving ``mountpoint``; yield its replies.  Every
+    failure to reach or understand the daemon is a ``ConnectionError`` with one line."""
     try:
         path = os.getxattr(mountpoint, "user.ckptfs.control").decode()
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             raise ConnectionError(f"{mountpoint}: the daemon is gone (transport endpoint "
                                   "not connected)") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise ConnectionError(f"{mountpoint}: permission denied ({exc.strerror}); "
+                                  "ckptfs commands need the mount's owner (root)") from None
         raise ConnectionError(f"{mountpoint} is not a ckptfs mount ({exc.strerror})") from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    with sock, sock.makefile("rb") as replies:
-        sock.sendall(json.dumps(request).encode() + b"\n")
-        for line in replies:
-            yield json.loads(line)
-
-
-def cmd_umount(mountpoint: Path) -> int:
-    mountpoint = mountpoint.absolute()
     try:
-        for reply in control_request(mountpoint, {"cmd": "umount"}):
-            if "pending_uploads" in reply:
-                print(f"ckptfs: waiting for {reply['pending_uploads']} pending upload(s)",
-                      file=sys.stderr)
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise ConnectionError(f"{mountpoint}: permission denied on the control socket "
+                                  f"{path}; ckptfs commands need the mount's owner "
+                                  "(root)") from None
+        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            raise ConnectionError(f"{mountpoint}: the daemon's control socket {path} is gone "
+                                  f"({exc.strerror}); is the daemon still running?") from None
+        raise ConnectionError(f"{mountpoint}: cannot reach the daemon at {path} "
+                              f"({exc.strerror})") from None
+    try:
+        with sock, sock.makefile("rb") as replies:
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            for line in replies:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    raise ConnectionError(f"{mountpoint}: the daemon sent a reply that is "
+                                          f"not JSON: {line[:80]!r}") from None
+    except OSError as exc:
+        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
+                              f"({exc.strerror or exc})") from None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
+    mountpoint = mountpoint.absolute()
+    request: dict = {"cmd": "umount"}
+    if timeout is not None:
+        request["timeout"] = timeout
+    done: dict | None = None
+    try:
+        for reply in control_request(mountpoint, request):
             if reply.get("error"):
                 return fail(reply["error"])
+            if reply.get("done"):
+                done = reply
+            elif "pending_uploads" in reply:
+                failing = len(reply.get("failing") or {})
+                print(f"ckptfs: waiting for {reply['pending_uploads']} pending upload(s) "
+                      f"({_mib(reply.get('pending_bytes', 0))}"
+                      f"{f', {failing} failing' if failing else ''}), at most "
+                      f"{reply.get('remaining', 0):.0f} s more", file=sys.stderr, flush=True)
     except ConnectionError as exc:
         if "daemon is gone" in str(exc):
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
             return fail(f"{exc}; lazily unmounted")
         return fail(str(exc))
+    if done is None:
+        return fail(f"{mountpoint}: the daemon closed the connection early")
     deadline = time.monotonic() + 60
     while os.path.ismount(mountpoint):
         if time.monotonic() > deadline:
             return fail(f"{mountpoint} is still mounted after 60 s")
         time.sleep(0.05)
+    left = done.get("journaled", 0)
+    if left:
+        print(f"ckptfs: unmounted {mountpoint}; {left} upload(s) not finished stay journaled "
+              f"in {done.get('state_dir')}; the next mount resumes them", file=sys.stderr)
     return 0
 
 
@@ -394,8 +461,13 @@ def cmd_wait(path: Path) -> int:
     mount = mount_of(path)
     try:
         for reply in control_request(mount, {"cmd": "wait"}):
+            if reply.get("error"):
+                return fail(reply["error"])
+            if reply.get("done"):
+                return 0
             if "pending_uploads" in reply:
-                print(f"ckptfs: {reply['pending_uploads']} upload(s) pending", file=sys.stderr)
+                print(f"ckptfs: {reply['pending_uploads']} upload(s) pending "
+                      f"({_mib(reply.get('pending_bytes', 0))})", file=sys.stderr, flush=True)
     except ConnectionError as exc:
         return fail(str(exc))
-    return 0
+    return fail(f"{mount}: the daemon closed the connection early")

@@ -6,8 +6,11 @@ uploads, unmount, close LMDB).  Knows nothing of FUSE request details.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import json
+import math
 import logging
 import os
 import signal
@@ -67,6 +70,36 @@ def check_mountpoint(path: Path) -> None:
         raise MountError(f"{path} is already a mount point")
     if any(os.scandir(path)):
         raise MountError(f"mount point {path} is not empty")
+
+
+LOCK_NAME = "daemon.lock"
+
+
+def lock_state_dir(state_dir: Path, mountpoint: Path) -> int:
+    """One state dir, one daemon: take an exclusive ``flock`` on ``daemon.lock`` for the
+    daemon's life (released by the kernel when the process ends, however it ends) and
+    record who holds it.  Returns the descriptor; a held lock is a ``MountError`` that
+    names the daemon holding it."""
+    path = state_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            os.close(fd)
+            raise MountError(f"cannot lock {path}: {exc.strerror}") from None
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            holder = {}
+        os.close(fd)
+        who = (f"pid {holder.get('pid', '?')}, mounted on {holder.get('mountpoint', '?')}"
+               if holder else "starting up")
+        raise MountError(f"state dir {state_dir} is in use by another ckptfs daemon "
+                         f"({who}); give this mount its own --state-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "mountpoint": str(mountpoint)}).encode(), 0)
+    return fd
 
 
 def prepare_state_dir(state_dir: Path) -> None:
@@ -213,11 +246,25 @@ class Daemon:
         self.stale: StaleStagedWatch | None = None
         self._shutdown = trio.Event()
         self._terminated = False
+        # Stopping (umount, SIGTERM): pending uploads are waited for until ``_stop_at``
+        # (trio clock), then the mount goes anyway and they stay journaled; a second
+        # SIGTERM sets ``_stop_now`` and cuts every wait short.
+        self._stop_at: float | None = None
+        self._stop_now = trio.Event()
+        self._drains: set[trio.CancelScope] = set()
 
     async def run(self, on_ready) -> None:
         opts = self.opts
         check_mountpoint(opts.mountpoint)
         prepare_state_dir(opts.state_dir)
+        lock_fd = lock_state_dir(opts.state_dir, opts.mountpoint)
+        try:
+            await self._run_locked(on_ready)
+        finally:
+            os.close(lock_fd)
+
+    async def _run_locked(self, on_ready) -> None:
+        opts = self.opts
         store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
                             self.config.store_timeout)
         fmt = await trio.to_thread.run_sync(probe_store, store, opts.single_writer,
@@ -276,10 +323,26 @@ class Daemon:
                 finally:
                     self._terminated = True
                     pyfuse3.close(unmount=True)
-                log.info("unmounted %s; finishing %d pending uploads", opts.mountpoint,
-                         fs.pending_uploads())
-                await fs.queue.wait_idle()
-                await fs.leases.shutdown()
+                if fs.queue.active():
+                    if self._stop_at is None:      # unmounted from outside (fusermount -u)
+                        self._stop_at = trio.current_time() + self.config.stop_timeout
+                    log.info("unmounted %s; finishing %d pending upload(s) for at most "
+                             "%.0f s", opts.mountpoint, len(fs.queue.active()),
+                             max(0.0, self._stop_at - trio.current_time()))
+                    await self._drain(self._stop_at)
+                else:
+                    log.info("unmounted %s", opts.mountpoint)
+                left = len(fs.queue.queued)
+                if left:
+                    log.warning("%d upload(s) not finished stay journaled in %s; the next "
+                                "mount resumes them", left, opts.state_dir)
+                if not self._stop_now.is_set():
+                    # Release idle seal leases: each call is bounded by store_timeout,
+                    # and all of them together too.
+                    with trio.move_on_after(self.config.store_timeout):
+                        await fs.leases.shutdown()
+                # Calls still in flight (a store that hangs) are given up, not waited for.
+                store.close()
                 nursery.cancel_scope.cancel()
         finally:
             staging.close_all()
@@ -333,12 +396,61 @@ class Daemon:
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("signal %d: unmounting after pending uploads", signum)
-                self._shutdown.set()
+                pending = len(self.fs.queue.queued) if self.fs else 0
+                if not self._shutdown.is_set():
+                    timeout = self.config.stop_timeout
+                    log.info("signal %d: unmounting after %d pending upload(s), waiting at "
+                             "most %.0f s (a second signal stops at once)", signum, pending,
+                             timeout)
+                    self._stop_at = trio.current_time() + timeout
+                    self._shutdown.set()
+                else:
+                    log.warning("signal %d again: unmounting now; %d pending upload(s) stay "
+                                "journaled", signum, pending)
+                    self.stop_now()
+
+    def stop_now(self) -> None:
+        self._stop_now.set()
+        self._stop_at = trio.current_time()
+        for scope in self._drains:
+            scope.cancel()
+        self._shutdown.set()
+
+    async def _drain(self, deadline: float, progress=None) -> None:
+        """Wait until no upload is pending, or until ``deadline`` (trio clock), or a
+        second signal; ``progress`` is awaited about once a second meanwhile."""
+        fs = self.fs
+        assert fs is not None
+        with trio.CancelScope(deadline=deadline) as scope:
+            self._drains.add(scope)
+            try:
+                if self._stop_now.is_set():
+                    scope.cancel()
+                while fs.queue.active():
+                    if progress is not None:
+                        await progress()
+                    with trio.move_on_after(1):
+                        await fs.queue.wait_idle()
+            finally:
+                self._drains.discard(scope)
+
+    def _pending(self) -> dict:
+        """Pending uploads for a progress line: count, bytes, failures."""
+        fs = self.fs
+        assert fs is not None
+        total = 0
+        for ino in fs.queue.queued:
+            inode = fs.ns.maybe_get(ino)
+            if inode is not None:
+                total += inode.size
+        return {"pending_uploads": len(fs.queue.queued), "pending_bytes": total,
+                "failing": {str(k): v for k, v in fs.queue.failing.items()}}
 
     async def _shutdown_when_asked(self) -> None:
         await self._shutdown.wait()
-        await self.fs.queue.wait_idle()
+        if self._stop_at is None:
+            self._stop_at = trio.current_time() + self.config.stop_timeout
+        await self._drain(self._stop_at)
         sd_notify("STOPPING=1")
         if not self._terminated:
             pyfuse3.terminate()
@@ -399,15 +511,38 @@ class Daemon:
             elif command == "staged":
                 await send({"ok": True, "stale_staged_after": self.config.stale_staged_after,
                             "staged": [d.to_json() for _, d in self.stale.scan()]})
-            elif command in ("umount", "wait"):
-                while fs.pending_uploads():
-                    await send({"pending_uploads": fs.pending_uploads(),
-                                "failing": fs.queue.failing})
+            elif command == "wait":
+                while fs.queue.active():
+                    await send(self._pending())
                     with trio.move_on_after(1):
                         await fs.queue.wait_idle()
-                if command == "umount":
-                    self._shutdown.set()
-                await send({"ok": True, "done": True})
+                if fs.queue.failed:
+                    first = next(iter(fs.queue.failed.values()))
+                    await send({"error": f"{len(fs.queue.failed)} upload(s) failed for good "
+                                f"(not retried until the file is closed again or the next "
+                                f"mount): {first}", **self._pending()})
+                else:
+                    await send({"ok": True, "done": True})
+            elif command == "umount":
+                timeout = request.get("timeout", self.config.stop_timeout)
+                if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
+                        or not math.isfinite(timeout) or timeout < 0:
+                    await send({"error": f"bad timeout {timeout!r}"})
+                    return
+                deadline = trio.current_time() + timeout
+                if self._stop_at is not None:
+                    deadline = min(deadline, self._stop_at)
+
+                async def progress() -> None:
+                    await send({**self._pending(),
+                                "remaining": max(0.0, deadline - trio.current_time())})
+
+                await self._drain(deadline, progress)
+                self._stop_at = min(deadline, trio.current_time())
+                await send({"ok": True, "done": True, "journaled": len(fs.queue.queued),
+                            "failed": len(fs.queue.failed),
+                            "state_dir": str(self.opts.state_dir)})
+                self._shutdown.set()
             elif command == "commit":
                 await self._commit(fs, request.get("path", ""), send)
             elif command == "gc":

@@ -185,23 +185,54 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
     return [r for r in result if r is not None]
 
 
+def store_cause(exc: BaseException) -> BaseException | None:
+    """The store error behind ``exc``: the filesystem turns store errors into ``EIO``
+    (``raise FsError(...) from None`` keeps the original as ``__context__``)."""
+    from .store import StoreError
+
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, StoreError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
 class PublishQueue:
     """Background publishing for ``durability = "async"`` (and retries of failed sync
-    publishes).  Records live in the namespace journal; this queue only schedules them."""
+    publishes).  Records live in the namespace journal; this queue only schedules them.
+
+    A failed publish is retried with exponential backoff (``retry_delay`` doubling up to
+    ``max_delay``) while the failure is transient; a permanent store error (a 4xx such
+    as an invalid or too long key) is not retried: the inode is marked failed for good
+    (``failed``, and in ``failing`` with the reason), logged once at ERROR, and stays
+    staged and journaled: a new close of the file or the next mount tries again.
+    ``queued`` holds every inode not yet published, failed ones included; ``wait_idle``
+    returns when nothing is left but failures."""
 
     def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
-                 retry_delay: float = 2.0) -> None:
+                 retry_delay: float = 2.0, max_delay: float = 30.0) -> None:
         self._publish = publish
         self.workers = workers
         self.retry_delay = retry_delay
+        self.max_delay = max_delay
         self._send, self._recv = trio.open_memory_channel[int](math.inf)
         self.queued: set[int] = set()
-        self.failing: dict[int, str] = {}
+        self.failing: dict[int, str] = {}     # inode -> last error (retried, or for good)
+        self.failed: dict[int, str] = {}      # inode -> permanent error: not retried
+        self._attempts: dict[int, int] = {}
+        self._nursery: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
 
     def submit(self, ino: int) -> None:
-        if ino in self.queued:
+        if ino in self.failed:
+            # Closed again (or asked again): a new chance.
+            del self.failed[ino]
+            self.failing.pop(ino, None)
+            self._attempts.pop(ino, None)
+        elif ino in self.queued:
             return
         self.queued.add(ino)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
@@ -210,34 +241,42 @@ class PublishQueue:
     def discard(self, ino: int) -> None:
         self.queued.discard(ino)
         self.failing.pop(ino, None)
+        self.failed.pop(ino, None)
+        self._attempts.pop(ino, None)
         self._maybe_idle()
 
+    def active(self) -> set[int]:
+        """Inodes still being published or waiting for a retry (not failed for good)."""
+        return self.queued - self.failed.keys()
+
     def _maybe_idle(self) -> None:
-        if not self.queued:
+        if not self.active():
             self._idle.set()
 
     async def wait_idle(self) -> None:
-        while self.queued:
+        while self.active():
             await self._idle.wait()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for _ in range(self.workers):
                 nursery.start_soon(self._worker)
             task_status.started()
 
+    async def _retry_later(self, ino: int, delay: float) -> None:
+        await trio.sleep(delay)
+        if ino in self.queued and ino not in self.failed:
+            self._send.send_nowait(ino)
+
     async def _worker(self) -> None:
         async for ino in self._recv:
-            if ino not in self.queued:
+            if ino not in self.queued or ino in self.failed:
                 continue
             try:
                 done = await self._publish(ino)
-            except Exception as exc:  # keep it queued and retry later
-                self.failing[ino] = str(exc)
-                log.warning("background publish of inode %d failed (%s); retrying in %.0fs",
-                            ino, exc, self.retry_delay)
-                await trio.sleep(self.retry_delay)
-                self._send.send_nowait(ino)
+            except Exception as exc:  # noqa: BLE001 - kept queued, retried or failed for good
+                self._failed_attempt(ino, exc)
                 continue
             if done is False:
                 # Rewritten while uploading: go again, after a breath so a file that is
@@ -246,5 +285,26 @@ class PublishQueue:
                 self._send.send_nowait(ino)
                 continue
             self.failing.pop(ino, None)
+            self._attempts.pop(ino, None)
             self.queued.discard(ino)
             self._maybe_idle()
+
+    def _failed_attempt(self, ino: int, exc: Exception) -> None:
+        if ino not in self.queued:
+            return      # deleted while it was uploading: nothing left to publish
+        cause = store_cause(exc)
+        if cause is not None and is_permanent(cause):
+            self.failed[ino] = str(cause)
+            self.failing[ino] = f"failed for good (not retried): {cause}"
+            log.error("background publish of inode %d failed for good: %s; not retried, "
+                      "kept staged and journaled (a new close or the next mount tries again)",
+                      ino, cause)
+            self._maybe_idle()
+            return
+        attempts = self._attempts[ino] = self._attempts.get(ino, 0) + 1
+        delay = min(self.max_delay, self.retry_delay * 2 ** (attempts - 1))
+        self.failing[ino] = str(exc)
+        log.warning("background publish of inode %d failed (%s); retry %d in %.0fs",
+                    ino, exc, attempts, delay)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._retry_later, ino, delay)

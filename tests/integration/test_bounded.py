@@ -7,8 +7,10 @@ behind a fault-injecting TCP proxy (tests/proxy.py)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -54,3 +56,159 @@ def test_sync_close_against_a_hanging_store_fails_within_the_timeout(store_proxy
     assert eventually(lambda: (other.path / "model.bin").exists())   # retried in background
     assert (other.path / "model.bin").read_bytes() == data
     assert (other.path / "after.bin").read_bytes() == b"store is back"
+
+
+def wait_gone(pid: int, timeout: float = 90) -> bool:
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    return bool(eventually(gone, timeout))
+
+
+def stage_while_store_hangs(mnt, proxy, mode: str) -> bytes:
+    """Async mount: list the root while the store answers, then break the store and save
+    a file (staged locally; its upload cannot finish)."""
+    os.listdir(mnt.path)
+    proxy.mode = mode
+    data = os.urandom(3 * MiB)
+    (mnt.path / "saved.bin").write_bytes(data)
+    assert mnt.status()["fs"]["pending_uploads"] == 1
+    return data
+
+
+@pytest.mark.parametrize("mode", ["hang", "refuse"])
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",
+                               r"failed after \d+ attempts")
+def test_umount_timeout_unmounts_and_keeps_uploads_journaled(store_proxy, s3_store, make_mount,
+                                                            mode):
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "5", "--metadata-ttl", "3600"))
+    pid = mnt.pid
+    data = stage_while_store_hangs(mnt, store_proxy.proxy, mode)
+    started = time.monotonic()
+    proc = run_ckptfs("umount", str(mnt.path), "--timeout", "5", timeout=120)
+    elapsed = time.monotonic() - started
+    print(f"umount --timeout 5 with the store in {mode!r} mode: {elapsed:.1f} s; "
+          f"{proc.stderr.strip()!r}")
+    assert proc.returncode == 0, proc.stderr
+    assert elapsed < 90
+    assert "waiting for 1 pending upload(s) (3.0 MiB)" in proc.stderr
+    assert "1 upload(s) not finished stay journaled in" in proc.stderr
+    assert "the next mount resumes them" in proc.stderr
+    assert not os.path.ismount(mnt.path)
+    assert wait_gone(pid)
+    # The next mount, with the store back, resumes the upload from the journal.
+    store_proxy.proxy.mode = "pass"
+    mnt.start(durability="async")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    assert (fresh(make_mount, s3_store).path / "saved.bin").read_bytes() == data
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ")
+def test_sigterm_waits_at_most_stop_timeout_then_unmounts(store_proxy, s3_store, make_mount):
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "5", "--metadata-ttl", "3600",
+                            "--stop-timeout", "3"))
+    pid = mnt.pid
+    data = stage_while_store_hangs(mnt, store_proxy.proxy, "hang")
+    started = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pid)
+    print(f"SIGTERM with stop_timeout 3 and a hanging store: gone after "
+          f"{time.monotonic() - started:.1f} s")
+    assert not os.path.ismount(mnt.path)
+    log = daemon_log(mnt)
+    assert "1 upload(s) not finished stay journaled" in log
+    store_proxy.proxy.mode = "pass"
+    mnt.start(durability="async")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    assert (fresh(make_mount, s3_store).path / "saved.bin").read_bytes() == data
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ")
+def test_second_sigterm_stops_at_once(store_proxy, s3_store, make_mount):
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "30", "--metadata-ttl", "3600"))
+    pid = mnt.pid
+    data = stage_while_store_hangs(mnt, store_proxy.proxy, "hang")
+    os.kill(pid, signal.SIGTERM)
+    assert eventually(lambda: "waiting at most 600 s" in daemon_log(mnt))
+    time.sleep(1)
+    assert os.path.ismount(mnt.path)          # the first SIGTERM waits for the upload
+    started = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pid)
+    print(f"second SIGTERM: gone after {time.monotonic() - started:.1f} s")
+    assert not os.path.ismount(mnt.path)
+    store_proxy.proxy.mode = "pass"
+    mnt.start(durability="async")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    assert (fresh(make_mount, s3_store).path / "saved.bin").read_bytes() == data
+
+
+@pytest.mark.expect_log_errors(r"mount failed: state dir .* is in use by another ckptfs daemon")
+def test_one_state_dir_one_daemon(local_store, make_mount, tmp_path):
+    first = make_mount(local_store, name="first")
+    (first.path / "kept").write_bytes(b"first's")
+    second = tmp_path / "second-mnt"
+    second.mkdir()
+    proc = run_ckptfs("mount", str(second), "--store", local_store.url, "--state-dir",
+                      str(first.state_dir), timeout=60)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert f"pid {first.pid}" in lines[0] and str(first.path) in lines[0], lines[0]
+    assert not os.path.ismount(second)
+    # The first daemon is untouched: its control socket is its own.
+    assert first.status()["mountpoint"] == str(first.path)
+    first.stop()
+    assert not os.path.ismount(first.path)
+
+
+@pytest.mark.expect_log_errors(r"store error: injected fault", r"failed for good")
+def test_permanent_store_error_is_not_retried_and_shows_in_status(local_store, make_mount,
+                                                                  tmp_path):
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "dirs/",
+                                              "kind": "permanent"}]}))
+    (mnt.path / "refused").write_bytes(b"v1")
+    started = time.monotonic()
+    proc = run_ckptfs("wait", str(mnt.path), timeout=60)
+    print(f"ckptfs wait on a permanently failing upload: exit {proc.returncode} after "
+          f"{time.monotonic() - started:.1f} s: {proc.stderr.strip()!r}")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "failed for good" in line]
+    assert len(lines) == 1 and "injected fault on put dirs/root/refused" in lines[0]
+    failing = mnt.status()["fs"]["failing_uploads"]
+    assert len(failing) == 1 and "failed for good" in next(iter(failing.values()))
+    time.sleep(5)          # the old queue retried every 2 s, forever
+    assert daemon_log(mnt).count("background publish of inode") == 1
+    # A new close of the file is a new chance; with the store fixed it publishes.
+    control.write_text(json.dumps({"rules": []}))
+    (mnt.path / "refused").write_bytes(b"v2")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=60)
+    assert mnt.status()["fs"]["failing_uploads"] == {}
+    assert (fresh(make_mount, local_store).path / "refused").read_bytes() == b"v2"
+
+
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts: injected transient fault")
+def test_deleted_file_leaves_no_failing_upload(local_store, make_mount, tmp_path):
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",
+                                              "kind": "transient", "delay": 0.5}]}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    (mnt.path / "doomed").write_bytes(b"x" * 1000)
+    assert eventually(lambda: mnt.status()["fs"]["failing_uploads"])
+    time.sleep(3)          # the next attempt is in flight (2 s retry delay, ~3 s attempts)
+    (mnt.path / "doomed").unlink()
+    # The publish that was in flight when the file went fails in its turn.
+    assert eventually(lambda: daemon_log(mnt).count("failed after 6 attempts") >= 2, 60)
+    time.sleep(0.5)
+    fs = mnt.status()["fs"]
+    assert fs["failing_uploads"] == {} and fs["pending_uploads"] == 0
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=30)
