@@ -28,8 +28,8 @@ from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
 from .liveness import ChunkLiveness, GuardedStore
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
-from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, check_name, decode_name, dir_prefix,
-                     entry_key)
+from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
+                     decode_name, dir_prefix, entry_key)
 from .staging import ChunkCache, Staging
 from .store import NotFound, ObjectStore, PreconditionFailed, StoreError
 
@@ -1804,5 +1804,8 @@ def check_name_or_raise(name: bytes) -> None:
         raise FsError(errno.ENAMETOOLONG)
     try:
         check_name(name)
+        check_key_fits("0" * 32, name)       # as long as a directory id gets
+    except KeyTooLong as exc:
+        raise FsError(errno.ENAMETOOLONG, str(exc)) from None
     except BadEntry:
         raise FsError(errno.EINVAL, f"invalid name {name!r}") from None

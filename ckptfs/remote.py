@@ -25,8 +25,34 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _TYPES = ("file", "dir", "symlink")
 
 
+# A name's encoded key component becomes a file name in a LocalStore (255 bytes on
+# every common Linux file system) and part of an S3 key (1024 bytes in all, prefix
+# included): 255 bytes is the limit that holds for both.
+MAX_KEY_COMPONENT = 255
+MAX_KEY = 1024 - 256            # room left for a store's own key prefix
+
+
 class BadEntry(ValueError):
     """A directory entry in the store is malformed or hostile."""
+
+
+class KeyTooLong(ValueError):
+    """A name whose store key would be too long for the store."""
+
+
+def check_key_fits(dir_id: str, name: bytes) -> None:
+    """Raise ``KeyTooLong`` (with a one-line reason) if ``name`` in directory ``dir_id``
+    cannot be stored: its encoded key component exceeds ``MAX_KEY_COMPONENT`` bytes
+    (escapes make '%', control characters and undecodable bytes three bytes each), or
+    the whole entry key exceeds ``MAX_KEY``."""
+    component = len(encode_name(name).encode("utf-8", "surrogateescape"))
+    if component > MAX_KEY_COMPONENT:
+        raise KeyTooLong(f"name of {len(name)} bytes is {component} bytes as a store key "
+                         f"component (limit {MAX_KEY_COMPONENT}; '%', control characters "
+                         "and non-UTF-8 bytes take 3 bytes each)")
+    key = len(dir_prefix(dir_id).encode()) + component
+    if key > MAX_KEY:
+        raise KeyTooLong(f"store key of {key} bytes (limit {MAX_KEY})")
 
 
 def chunk_key(sha: str) -> str:

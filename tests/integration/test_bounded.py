@@ -212,3 +212,30 @@ def test_deleted_file_leaves_no_failing_upload(local_store, make_mount, tmp_path
     fs = mnt.status()["fs"]
     assert fs["failing_uploads"] == {} and fs["pending_uploads"] == 0
     run_ckptfs("wait", str(mnt.path), check=True, timeout=30)
+
+
+def test_name_too_long_as_a_store_key_is_refused_before_staging(store, make_mount):
+    """A 240-byte name of '%' is a valid POSIX name but a 720-byte key component
+    (encode_name escapes '%' as '%25'): refused with ENAMETOOLONG up front, on every
+    path that creates a name, and nothing is staged."""
+    mnt = make_mount(store)
+    long_name = "%" * 240
+    (mnt.path / "short").write_bytes(b"x")
+    staged_before = sorted(os.listdir(mnt.state_dir / "staging"))
+    for attempt in (lambda: open(mnt.path / long_name, "wb"),
+                    lambda: os.mkdir(mnt.path / long_name),
+                    lambda: os.symlink("target", mnt.path / long_name),
+                    lambda: os.rename(mnt.path / "short", mnt.path / long_name)):
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.ENAMETOOLONG
+    assert sorted(os.listdir(mnt.state_dir / "staging")) == staged_before
+    assert os.listdir(mnt.state_dir / "abandoned") == []
+    assert sorted(os.listdir(mnt.path)) == ["short"]
+    # Names that fit once escaped are fine: 85 '%' make 255 bytes.
+    (mnt.path / ("%" * 85)).write_bytes(b"fits")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=60)
+    assert mnt.status()["fs"]["failing_uploads"] == {}
+    other = fresh(make_mount, store)
+    assert sorted(os.listdir(other.path)) == sorted(["short", "%" * 85])
+    assert (other.path / ("%" * 85)).read_bytes() == b"fits"

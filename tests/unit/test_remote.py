@@ -70,3 +70,13 @@ def test_entries_with_any_allowed_chunk_size_parse_whatever_this_node_writes():
 def test_unknown_entry_fields_are_ignored():
     e = Entry.from_json(entry(rev="0f" * 8, future={"x": 1}))
     assert e.size == 10
+
+
+def test_check_key_fits_counts_escapes():
+    from ckptfs.remote import MAX_KEY_COMPONENT, KeyTooLong, check_key_fits
+    check_key_fits("root", b"x" * 255)
+    check_key_fits("0" * 32, b"%" * 85)                 # 255 bytes once escaped
+    check_key_fits("0" * 32, "é".encode() * 127)        # UTF-8 kept as is: 254 bytes
+    for name in (b"%" * 86, b"%" * 240, b"\x01" * 100, b"\xff" * 90):
+        with pytest.raises(KeyTooLong, match=f"limit {MAX_KEY_COMPONENT}"):
+            check_key_fits("0" * 32, name)
