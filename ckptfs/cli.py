@@ -268,8 +268,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
 
 
 def control_request(mountpoint: Path, request: dict):
-    """Send a request to the daemon serving ``mountpoint``; yield its replies.  Every
-    failure to reach or understand the daemon is a ``ConnectionError`` with one line."""
+    """Send a request to the daemon serving ``mountpoint``; return an iterator over its
+    replies.  Every failure to reach or understand the daemon is a ``ConnectionError``
+    with one line (raised here when the daemon cannot be reached at all)."""
     try:
         path = os.getxattr(mountpoint, "user.ckptfs.control").decode()
     except OSError as exc:
@@ -295,8 +296,17 @@ def control_request(mountpoint: Path, request: dict):
         raise ConnectionError(f"{mountpoint}: cannot reach the daemon at {path} "
                               f"({exc.strerror})") from None
     try:
+        sock.sendall(json.dumps(request).encode() + b"\n")
+    except OSError as exc:
+        sock.close()
+        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
+                              f"({exc.strerror or exc})") from None
+    return _replies(mountpoint, sock)
+
+
+def _replies(mountpoint: Path, sock: socket.socket):
+    try:
         with sock, sock.makefile("rb") as replies:
-            sock.sendall(json.dumps(request).encode() + b"\n")
             for line in replies:
                 try:
                     yield json.loads(line)
@@ -404,9 +414,10 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
     request: dict = {"cmd": "gc", "dry_run": dry_run}
     if grace is not None:
         request["grace"] = grace
-    print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
     try:
-        for reply in control_request(mountpoint.absolute(), request):
+        replies = control_request(mountpoint.absolute(), request)
+        print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
+        for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])
             if reply.get("done"):

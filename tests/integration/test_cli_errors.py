@@ -1,0 +1,87 @@
+"""Every CLI error is one line on stderr, never a traceback, and a non-zero exit: a
+non-root user, a directory that is not a mount, a daemon that is gone, a control socket
+that is gone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import Mount, run_ckptfs
+
+
+def one_line_failure(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("ckptfs: ")
+    return lines[0]
+
+
+COMMANDS = (("status",), ("wait",), ("umount",), ("commit",), ("gc",), ("prefetch",))
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_not_a_mount(tmp_path, command):
+    line = one_line_failure(run_ckptfs(*command, str(tmp_path)))
+    assert "not a ckptfs mount" in line or "not a directory" in line
+
+
+def test_daemon_gone_and_socket_gone(local_store, make_mount):
+    mnt = make_mount(local_store)
+    socket_path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    os.unlink(socket_path)
+    for command in COMMANDS[:3]:
+        line = one_line_failure(run_ckptfs(*command, str(mnt.path)))
+        assert "control socket" in line and "is gone" in line, line
+    os.kill(mnt.pid, signal.SIGKILL)
+    mnt._wait_exit()
+    line = one_line_failure(run_ckptfs("status", str(mnt.path)))
+    assert "the daemon is gone" in line
+    line = one_line_failure(run_ckptfs("umount", str(mnt.path)))
+    assert "lazily unmounted" in line
+    assert not os.path.ismount(mnt.path)
+
+
+@pytest.fixture
+def open_base():
+    """A directory every user may enter (tmp_path's parents are root's only)."""
+    base = Path(tempfile.mkdtemp(prefix="ckptfs-cli-"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def as_nobody(*args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                           sys.executable, "-m", "ckptfs", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_non_root_user_gets_one_line(open_base, local_store):
+    mnt = Mount(open_base, local_store)
+    os.chmod(mnt.path, 0o755)
+    try:
+        mnt.start()
+        (mnt.path / "ckpt").mkdir()
+        for command in COMMANDS:
+            target = mnt.path / "ckpt" if command[0] in ("commit", "prefetch") else mnt.path
+            line = one_line_failure(as_nobody(*command, str(target)))
+            assert "permission denied" in line.lower(), line
+        assert os.path.ismount(mnt.path)          # nobody's umount did nothing
+        mnt.stop()
+        log = (mnt.state_dir / "ckptfs.log").read_text()
+        assert "Traceback" not in log and " ERROR " not in log, log
+    finally:
+        mnt.cleanup()
