@@ -169,7 +169,9 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
                 return
             if isinstance(pending.error, StoreTimeout) and tracker.pending.get(index) is pending:
                 # The store did not answer within store_timeout just now: uploading the
-                # chunk again would double the writer's wait.
+                # chunk again would double the writer's wait.  Reported once: the next
+                # attempt (a background retry) uploads it afresh.
+                del tracker.pending[index]
                 errors.append(pending.error)
                 return
         try:

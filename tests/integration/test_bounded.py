@@ -58,6 +58,52 @@ def test_sync_close_against_a_hanging_store_fails_within_the_timeout(store_proxy
     assert (other.path / "after.bin").read_bytes() == b"store is back"
 
 
+@pytest.mark.parametrize("mode", ["503", "slow", "reset"])
+@pytest.mark.expect_log_errors(r"store timeout: ", r"upload failed", r"failed after \d+ attempts",
+                               r"store error: ")
+def test_sync_close_against_a_failing_store_fails_within_the_timeout(store_proxy, s3_store,
+                                                                     make_mount, mode):
+    """503 forever, a trickle (each socket read succeeds, so only the overall deadline
+    bounds the call), resets mid-response: EIO in bounded time, the daemon stays up."""
+    store_proxy.proxy.slow_bps = 16 << 10
+    mnt = make_mount(store_proxy, extra=("--store-timeout", "5"))
+    data = os.urandom(20 * MiB)
+    f = open(mnt.path / "model.bin", "wb")
+    store_proxy.proxy.mode = mode
+    started = time.monotonic()
+    with pytest.raises(OSError) as info:
+        with f:
+            f.write(data)
+    elapsed = time.monotonic() - started
+    print(f"sync close of 20 MiB against a store in {mode!r} mode: EIO after {elapsed:.1f} s")
+    assert info.value.errno == errno.EIO
+    assert elapsed < 60, elapsed
+    if mode == "503":
+        assert re.search(r"(503|ServiceUnavailable) on chunks/", daemon_log(mnt))
+    store_proxy.proxy.mode = "pass"
+    assert mnt.status()["ok"]
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    assert (fresh(make_mount, s3_store).path / "model.bin").read_bytes() == data
+
+
+@pytest.mark.expect_log_errors(r"mount failed: ")
+def test_mount_against_a_hanging_store_fails_in_bounded_time(store_proxy, tmp_path):
+    store_proxy.proxy.mode = "hang"
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    started = time.monotonic()
+    proc = run_ckptfs("mount", str(mp), "--store", store_proxy.url, "--state-dir",
+                      str(tmp_path / "state"), "--store-timeout", "5", env=store_proxy.env,
+                      timeout=120)
+    elapsed = time.monotonic() - started
+    print(f"mount against a hanging store: failed after {elapsed:.1f} s: {proc.stderr.strip()}")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and ("unreachable" in lines[0] or "timeout" in lines[0]), lines
+    assert elapsed < 60
+    assert not os.path.ismount(mp)
+
+
 def wait_gone(pid: int, timeout: float = 90) -> bool:
     def gone() -> bool:
         try:

@@ -10,6 +10,9 @@ import pytest
 from ckptfs.seaweed import free_port
 from conftest import BUCKET, run_ckptfs
 
+# Each test here makes a mount fail on purpose: the daemon logs why at ERROR.
+pytestmark = pytest.mark.expect_log_errors(r"ERROR ckptfs: mount failed: ")
+
 
 def mount_fails(mountpoint, store_url, *extra, env=None, state_dir=None) -> str:
     state = state_dir or mountpoint.parent / "state"

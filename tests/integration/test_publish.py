@@ -142,6 +142,7 @@ def test_directory_rename_is_one_metadata_step(store, make_mount):
     assert sorted(os.listdir(other.path)) == ["big", "small"]
 
 
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts: injected transient fault")
 def test_sync_close_reports_eio_then_background_retry_publishes(s3_store, make_mount, tmp_path):
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",
@@ -160,6 +161,7 @@ def test_sync_close_reports_eio_then_background_retry_publishes(s3_store, make_m
     assert (fresh(make_mount, s3_store).path / "f").read_bytes() == b"precious"
 
 
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts: injected transient fault")
 def test_async_close_returns_before_upload_and_survives_daemon_sigkill(store, make_mount,
                                                                       tmp_path):
     control = tmp_path / "faults.json"
@@ -184,6 +186,7 @@ def test_async_close_returns_before_upload_and_survives_daemon_sigkill(store, ma
         assert (other.path / "ckpt" / name).read_bytes() == data
 
 
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts: injected transient fault")
 def test_umount_waits_for_pending_uploads(local_store, make_mount, tmp_path):
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",

@@ -91,6 +91,7 @@ def test_eight_concurrent_readers_fetch_each_byte_once(store, make_mount):
     assert chunk_bytes_got(b) == 256 * MiB
 
 
+@pytest.mark.expect_log_errors(r"from the store failed verification")
 def test_corrupt_chunk_in_local_store_gives_eio_never_wrong_bytes(local_store, make_mount):
     a = make_mount(local_store, name="a")
     (a.path / "w.bin").write_bytes(os.urandom(3 * MiB))
@@ -106,6 +107,7 @@ def test_corrupt_chunk_in_local_store_gives_eio_never_wrong_bytes(local_store, m
     (b.path / "still-up").write_bytes(b"ok")   # the daemon stays up
 
 
+@pytest.mark.expect_log_errors(r"from the store failed verification \(attempt 1/3\)")
 def test_corrupt_response_is_refetched(s3_store, make_mount):
     a = make_mount(s3_store, name="a")
     data = os.urandom(10 * MiB)
@@ -163,6 +165,7 @@ def test_prefetch_warms_a_tree_and_reports_failures(local_store, make_mount):
     assert "c.bin" in proc.stderr
 
 
+@pytest.mark.expect_log_errors(r"ignoring bad name ", r"corrupt entry dirs/")
 def test_hostile_store_entries_give_eio_and_daemon_stays_up(local_store, make_mount):
     a = make_mount(local_store, name="a")
     (a.path / "good").write_bytes(b"fine")
