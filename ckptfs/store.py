@@ -544,7 +544,8 @@ class RetryingStore:
 
     def _timeout(self, what: str, key: str, last: BaseException | None) -> StoreTimeout:
         why = f" (last error: {last})" if last is not None else ""
-        exc = StoreTimeout(f"store timeout: {what} {key} after {self.policy.timeout:g} s{why}")
+        target = f"{what} {key}" if key else what
+        exc = StoreTimeout(f"store timeout: {target} after {self.policy.timeout:g} s{why}")
         log.error("%s", exc)
         if self.stats:
             self.stats.add(errors=1)

@@ -86,7 +86,7 @@ def test_sync_close_against_a_failing_store_fails_within_the_timeout(store_proxy
     assert (fresh(make_mount, s3_store).path / "model.bin").read_bytes() == data
 
 
-@pytest.mark.expect_log_errors(r"mount failed: ")
+@pytest.mark.expect_log_errors(r"mount failed: ", r"store timeout: check after 5 s")
 def test_mount_against_a_hanging_store_fails_in_bounded_time(store_proxy, tmp_path):
     store_proxy.proxy.mode = "hang"
     mp = tmp_path / "mnt"
