@@ -11,7 +11,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ckptfs.store import open_store
+
 from conftest import eventually, run_ckptfs
 
 FAST = ("--lease-ttl", "1")          # renew every 0.33 s, dead after 2 s unrenewed
@@ -171,11 +174,13 @@ def _hold_then_crash(store, make_mount, monkeypatch, kill_daemon: bool):
     assert eventually(lambda: not (c.path / "out" / "checkpoint-4").exists())
 
 
+@pytest.mark.expect_log_errors(r"lease on \S+ is dead", r"was abandoned: this node's lease")
 def test_killed_writer_on_another_node_keeps_checkpoint_staged_for_gc(store, make_mount,
                                                                        monkeypatch):
     _hold_then_crash(store, make_mount, monkeypatch, kill_daemon=False)
 
 
+@pytest.mark.expect_log_errors(r"lease on \S+ is dead", r"was abandoned: this node's lease")
 def test_killed_daemon_on_another_node_keeps_checkpoint_staged_for_gc(store, make_mount,
                                                                        monkeypatch):
     _hold_then_crash(store, make_mount, monkeypatch, kill_daemon=True)

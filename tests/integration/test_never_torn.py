@@ -233,6 +233,7 @@ elif how == "sigterm":
 
 
 @pytest.mark.parametrize("how", ["exception", "sigterm"])
+@pytest.mark.expect_log_errors(r"not published: incomplete torch archive")
 def test_an_interrupted_torch_save_is_not_published(how, store, make_mount):
     import torch
     mnt = make_mount(store)
