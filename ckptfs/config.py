@@ -20,6 +20,9 @@ class ConfigError(ValueError):
     pass
 
 
+DAY = 24 * 3600.0
+
+
 def _finite(value, what: str) -> float:
     if isinstance(value, bool):
         raise ConfigError(f"not {what}: {value!r}")
@@ -48,11 +51,12 @@ def parse_size(value) -> int:
 def _size_between(low: int, high: int, power_of_two: bool = False):
     def parse(value) -> int:
         size = parse_size(value)
-        if power_of_two and size & (size - 1):
-            raise ConfigError(f"must be a power of two ({low >> 20} MiB to {high >> 20} MiB): "
-                              f"{value!r}")
         if not low <= size <= high:
-            raise ConfigError(f"must be between {_human(low)} and {_human(high)}: {value!r}")
+            raise ConfigError(f"must be at least {_human(low)} and at most {_human(high)}: "
+                              f"{value!r}")
+        if power_of_two and size & (size - 1):
+            raise ConfigError(f"must be a power of two ({_human(low)} to {_human(high)}): "
+                              f"{value!r}")
         return size
     return parse
 
@@ -97,14 +101,17 @@ def _count(low: int, high: int):
 def _seconds(low: float, high: float, low_ok: bool = True):
     def parse(value) -> float:
         n = _finite(value, "a number of seconds")
+        if n < 0:
+            raise ConfigError(f"must be non-negative: {value!r}")
         if n < low or (n == low and not low_ok) or n > high:
             bound = f"at least {low:g}" if low_ok else f"more than {low:g}"
-            raise ConfigError(f"must be {bound} and at most {high:g} seconds: {value!r}")
+            days = high / DAY
+            top = f"{days:g} day{'s' if days != 1 else ''}" if high >= DAY else f"{high:g} seconds"
+            raise ConfigError(f"must be {bound} seconds and at most {top}: {value!r}")
         return n
     return parse
 
 
-DAY = 24 * 3600.0
 parse_positive_int = _count(1, 1 << 30)
 parse_seconds = _seconds(0.0, 3650 * DAY)
 

@@ -159,7 +159,7 @@ def test_toml_native_floats_checked_too(tmp_path):
     with pytest.raises(ConfigError, match="finite"):
         load(f, {}, {})
     f.write_text("chunk_size = 1\n")
-    with pytest.raises(ConfigError, match="between 1 MiB and 64 MiB"):
+    with pytest.raises(ConfigError, match="at least 1 MiB and at most 64 MiB"):
         load(f, {}, {})
     f.write_text("chunk_size = 3145728\n")
     with pytest.raises(ConfigError, match="power of two"):
