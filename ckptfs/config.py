@@ -134,9 +134,10 @@ _KEYS = {
     "state_dir": str,
     "durability": parse_durability,
     "single_writer": parse_bool,
-    # A chunk is a power of two between 1 and 64 MiB (remote.MAX_CHUNK_SIZE: every
-    # node must be able to read it).
-    "chunk_size": _size_between(1 << 20, MAX_CHUNK_SIZE, power_of_two=True),
+    # A chunk is a power of two up to 64 MiB (remote.MAX_CHUNK_SIZE: every node must be
+    # able to read it).  64 KiB at least: smaller chunks are for tests (the model tests
+    # use 64K), never sensible in production (8 MiB is the default).
+    "chunk_size": _size_between(64 << 10, MAX_CHUNK_SIZE, power_of_two=True),
     "cache_size": _size_between(1 << 20, 1 << 50),
     "metadata_ttl": _seconds(0.0, DAY),
     "upload_concurrency": _count(1, 1024),

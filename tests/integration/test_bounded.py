@@ -43,9 +43,9 @@ def test_sync_close_against_a_hanging_store_fails_within_the_timeout(store_proxy
     print(f"sync close of 20 MiB against a hanging store: EIO after {elapsed:.1f} s")
     assert info.value.errno == errno.EIO
     assert elapsed < 60, elapsed               # bounded: 397 s before the deadline
-    # One line names the operation and the key that timed out (a chunk of model.bin).
+    # One line names the operation and the key that timed out.
     timeouts = [line for line in daemon_log(mnt).splitlines()
-                if re.search(r"ERROR ckptfs.store: store timeout: (put|exists) chunks/", line)]
+                if re.search(r"ERROR ckptfs.store: store timeout: [a-z_]+ [^ ]+ after 5 s", line)]
     assert timeouts, daemon_log(mnt)
     # The daemon stays up; once the store answers again, work goes on.
     assert mnt.status()["ok"]
@@ -79,7 +79,7 @@ def test_sync_close_against_a_failing_store_fails_within_the_timeout(store_proxy
     assert info.value.errno == errno.EIO
     assert elapsed < 60, elapsed
     if mode == "503":
-        assert re.search(r"(503|ServiceUnavailable) on chunks/", daemon_log(mnt))
+        assert re.search(r"(503|ServiceUnavailable) on [^ ]+", daemon_log(mnt))
     store_proxy.proxy.mode = "pass"
     assert mnt.status()["ok"]
     run_ckptfs("wait", str(mnt.path), check=True, timeout=120)

@@ -9,6 +9,8 @@ import json
 import os
 import time
 
+import pytest
+
 from conftest import eventually, run_ckptfs
 
 MiB = 1 << 20
@@ -53,6 +55,9 @@ def test_chunks_of_a_16m_writer_survive_gc_from_an_8m_node(store, make_mount):
     assert (fresh.path / "model.bin").read_bytes() == data
 
 
+@pytest.mark.expect_log_errors(r"gc: cannot parse entry dirs/root/strange",
+                               r"gc: 1 entry could not be parsed",
+                               r"corrupt entry dirs/root/strange: entry is not JSON")
 def test_unparsable_entry_stops_gc_and_names_its_key(local_store, make_mount):
     mnt = make_mount(local_store, extra=SETTLE)
     (mnt.path / "old").write_bytes(os.urandom(MiB))

@@ -133,7 +133,7 @@ def test_stale_staged_after_setting(tmp_path):
     ("store_timeout", "nan"), ("store_timeout", "inf"), ("store_timeout", "0"),
     ("store_timeout", "-5"), ("store_timeout", "0.1"), ("store_timeout", "1e9"),
     ("stop_timeout", "nan"), ("stop_timeout", "-1"), ("stop_timeout", "inf"),
-    ("chunk_size", "1"), ("chunk_size", "3M"), ("chunk_size", "512k"), ("chunk_size", "128M"),
+    ("chunk_size", "1"), ("chunk_size", "3M"), ("chunk_size", "32k"), ("chunk_size", "96k"), ("chunk_size", "128M"),
     ("chunk_size", "inf"), ("chunk_size", "nan"), ("chunk_size", "-8M"), ("chunk_size", "0"),
     ("cache_size", "inf"), ("cache_size", "nan"), ("cache_size", "1"),
     ("upload_concurrency", "0"), ("upload_concurrency", "1.5"), ("upload_concurrency", "100000"),
@@ -159,7 +159,7 @@ def test_toml_native_floats_checked_too(tmp_path):
     with pytest.raises(ConfigError, match="finite"):
         load(f, {}, {})
     f.write_text("chunk_size = 1\n")
-    with pytest.raises(ConfigError, match="at least 1 MiB and at most 64 MiB"):
+    with pytest.raises(ConfigError, match="at least 64 KiB and at most 64 MiB"):
         load(f, {}, {})
     f.write_text("chunk_size = 3145728\n")
     with pytest.raises(ConfigError, match="power of two"):
@@ -170,7 +170,7 @@ def test_toml_native_floats_checked_too(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,expected", [
-    ("chunk_size", "1M", 1 << 20), ("chunk_size", "64M", 64 << 20), ("chunk_size", 8 << 20, 8 << 20),
+    ("chunk_size", "1M", 1 << 20), ("chunk_size", "64K", 64 << 10), ("chunk_size", "64M", 64 << 20), ("chunk_size", 8 << 20, 8 << 20),
     ("metadata_ttl", "0", 0.0), ("metadata_ttl", "0.2", 0.2),
     ("store_timeout", "5", 5.0), ("store_timeout", 60, 60.0),
     ("stop_timeout", "0", 0.0), ("stop_timeout", "600", 600.0),
