@@ -45,6 +45,15 @@ def candidates_key(generation: int) -> str:
     return f"{GC_CANDIDATES_PREFIX}{generation:012d}.json"
 
 
+
+@dataclass
+class _StateRead:
+    """One GET of the gc state that concurrent callers wait on."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple | None = None
+    error: BaseException | None = None
+
 class ChunkGone(StoreError):
     """An entry would reference a chunk that gc has collected: publish again (the
     uploader PUTs it again from the local bytes)."""
@@ -116,6 +125,7 @@ class ChunkLiveness:
         self.clock = clock
         self.sleep = sleep
         self._lock = threading.Lock()
+        self._flight: _StateRead | None = None     # the gc-state GET under way, shared
         self._state = GcState(settle=settle)
         self._fetched = float("-inf")     # clock() when the GET of the state was sent
         self._sets: dict[str, frozenset[str]] = {}
@@ -128,18 +138,42 @@ class ChunkLiveness:
         return max(self.settle, state.settle) / 2
 
     def state(self, force: bool = False) -> tuple[GcState, float]:
-        """The gc state, read at most ``settle / 2`` ago, and when that read was sent."""
+        """The gc state, read at most ``settle / 2`` ago, and when that read was sent.
+
+        One read at a time, shared: the uploads of a close that all need a fresh state
+        wait for the same GET and share its answer or its failure (a hanging store
+        costs them one ``store_timeout``, not one each)."""
         with self._lock:
             now = self.clock()
-            if force or now - self._fetched > self.fresh_for(self._state):
-                try:
-                    body, _ = self.store.get(GC_STATE_KEY)
-                    state = GcState.from_json(body)
-                except NotFound:
-                    state = GcState(settle=self.settle)
+            if not force and now - self._fetched <= self.fresh_for(self._state):
+                return self._state, self._fetched
+            flight = self._flight
+            leader = flight is None
+            if leader:
+                flight = self._flight = _StateRead()
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.result
+        try:
+            try:
+                body, _ = self.store.get(GC_STATE_KEY)
+                state = GcState.from_json(body)
+            except NotFound:
+                state = GcState(settle=self.settle)
+            with self._lock:
                 self.state_reads += 1
                 self._state, self._fetched = state, now
-            return self._state, self._fetched
+            flight.result = (state, now)
+            return flight.result
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                self._flight = None
+            flight.done.set()
 
     def _set(self, key: str | None) -> frozenset[str]:
         if key is None:

@@ -299,3 +299,42 @@ def test_recently_verified_chunk_costs_no_request(store, tmp_path):
     # One small GET of the gc state per settle/2 of publishing, whatever the chunk count:
     # the state was read at t=0 (publish of A), again once t passed settle/2.
     assert len([c for c in calls if c[1] == GC_STATE_KEY]) == 1
+
+
+def test_concurrent_callers_share_one_gc_state_read_and_its_failure():
+    """A hanging store: the uploads of one close must not each wait a full timeout on
+    the gc state, one after another (found by the hanging-store test: 3 chunks gave
+    EIO after 3 timeouts)."""
+    import threading
+    import time as _time
+
+    from ckptfs.liveness import ChunkLiveness
+    from ckptfs.store import StoreError
+
+    class HangingStore:
+        url = "mem://"
+
+        def __init__(self):
+            self.gets = 0
+
+        def get(self, key):
+            self.gets += 1
+            _time.sleep(0.5)
+            raise StoreError(f"store timeout: get {key}")
+
+    store = HangingStore()
+    liveness = ChunkLiveness(store, settle=10)
+    errors = []
+
+    def call():
+        try:
+            liveness.state()
+        except StoreError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.gets == 1 and len(errors) == 4   # one read shared, not four in a row
