@@ -80,6 +80,8 @@ class Held:
     idle_since: float | None = None                  # monotonic; set while files is empty
     seq: int = 0
     lock: trio.Lock = field(default_factory=trio.Lock)   # one store request at a time
+    retry_at: float = 0.0                            # monotonic; after a failed request
+    backoff: float = 0.0                             # seconds; 0 while requests succeed
 
 
 @dataclass
@@ -452,10 +454,18 @@ class LeaseManager:
         while True:
             await trio.sleep(tick)
             for held in list(self.held.values()):
+                if time.monotonic() < held.retry_at:
+                    continue
                 try:
                     await self._tend(held)
+                    held.backoff = 0.0
                 except StoreError as exc:
-                    log.warning("lease on %s: %s (retrying)", self._path(held.dir_ino), exc)
+                    # Backs off to 30 s; said once per failing streak, not every tick.
+                    if not held.backoff:
+                        log.warning("lease on %s: %s (retrying with back-off)",
+                                    self._path(held.dir_ino), exc)
+                    held.backoff = min(30.0, max(self.renew_every / 4, held.backoff * 2))
+                    held.retry_at = time.monotonic() + held.backoff
                 except Exception:  # noqa: BLE001 - a background task never takes the daemon down
                     log.exception("lease task failed")
 
