@@ -460,11 +460,12 @@ class LeaseManager:
                     await self._tend(held)
                     held.backoff = 0.0
                 except StoreError as exc:
-                    # Backs off to 30 s; said once per failing streak, not every tick.
+                    # Backs off up to the renewal period (a lease must not look dead to
+                    # others because of it); said once per failing streak.
                     if not held.backoff:
                         log.warning("lease on %s: %s (retrying with back-off)",
                                     self._path(held.dir_ino), exc)
-                    held.backoff = min(30.0, max(self.renew_every / 4, held.backoff * 2))
+                    held.backoff = min(self.renew_every, max(self.renew_every / 4, held.backoff * 2))
                     held.retry_at = time.monotonic() + held.backoff
                 except Exception:  # noqa: BLE001 - a background task never takes the daemon down
                     log.exception("lease task failed")
