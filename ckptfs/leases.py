@@ -465,7 +465,8 @@ class LeaseManager:
                     if not held.backoff:
                         log.warning("lease on %s: %s (retrying with back-off)",
                                     self._path(held.dir_ino), exc)
-                    held.backoff = min(self.renew_every, max(self.renew_every / 4, held.backoff * 2))
+                    held.backoff = min(self.renew_every,
+                                       max(self.renew_every / 4, held.backoff * 2))
                     held.retry_at = time.monotonic() + held.backoff
                 except Exception:  # noqa: BLE001 - a background task never takes the daemon down
                     log.exception("lease task failed")
