@@ -1363,8 +1363,7 @@ class Filesystem:
                     raise FsError(errno.ENOTEMPTY)
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
-            while self._pending_under(inode.ino):
-                await trio.sleep(0.05)
+            await self._wait_uploads_under(inode.ino)
         # Renaming a staged directory seals it, unless other nodes still write below it
         # (leases): then it moves, stays staged, and its seal is pending (0004).
         seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
@@ -1665,14 +1664,26 @@ class Filesystem:
         if ino is not None and self.ns.get(ino).staged:
             await self._seal_in_background(ino)
 
-    def _pending_under(self, dir_ino: int) -> bool:
-        for ino in self.queue.queued:
+    def _pending_under(self, dir_ino: int, inos=None) -> bool:
+        for ino in self.queue.queued if inos is None else inos:
             cur = self.ns.maybe_get(ino)
             while cur is not None and cur.parent and cur.ino != ROOT_INO:
                 if cur.parent == dir_ino:
                     return True
                 cur = self.ns.maybe_get(cur.parent)
         return False
+
+    async def _wait_uploads_under(self, dir_ino: int) -> None:
+        """Until every closed file below a directory is in the store (a sealed or
+        renamed tree appears complete).  An upload that failed for good below it makes
+        the tree incomplete for good: EIO, never a wait without end."""
+        while True:
+            if self._pending_under(dir_ino, list(self.queue.failed)):
+                raise FsError(errno.EIO, "a file below failed to upload for good (see "
+                                         "`ckptfs status`): the tree is incomplete")
+            if not self._pending_under(dir_ino, self.queue.active()):
+                return
+            await trio.sleep(0.05)
 
     async def _seal_in_background(self, ino: int) -> None:
         for attempt in range(10):
@@ -1694,8 +1705,7 @@ class Filesystem:
             raise FsError(errno.ENOTDIR)
         if not await self.leases.may_seal(ino):
             return False  # other nodes still write below it: pending (leases.py)
-        while self._pending_under(ino):
-            await trio.sleep(0.05)
+        await self._wait_uploads_under(ino)
         rt = self._rt(ino)
         async with rt.lock:
             inode = self.ns.get(ino)
