@@ -285,3 +285,22 @@ def test_name_too_long_as_a_store_key_is_refused_before_staging(store, make_moun
     other = fresh(make_mount, store)
     assert sorted(os.listdir(other.path)) == sorted(["short", "%" * 85])
     assert (other.path / ("%" * 85)).read_bytes() == b"fits"
+
+
+@pytest.mark.expect_log_errors(r"injected fault on put", r"failed for good", r"upload failed",
+                               r"incomplete")
+def test_commit_above_an_upload_failed_for_good_answers_at_once(local_store, make_mount,
+                                                                tmp_path):
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    (mnt.path / "checkpoint-7").mkdir()
+    dir_id = json.loads((local_store.root / "dirs" / "root" / "checkpoint-7").read_text())["id"]
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": f"dirs/{dir_id}/",
+                                              "kind": "permanent"}]}))
+    (mnt.path / "checkpoint-7" / "model.bin").write_bytes(b"weights")
+    assert run_ckptfs("wait", str(mnt.path), timeout=60).returncode != 0   # failed for good
+    # The checkpoint is incomplete for good: commit says so instead of waiting forever.
+    proc = run_ckptfs("commit", str(mnt.path / "checkpoint-7"), timeout=60)
+    assert proc.returncode != 0 and "Input/output error" in proc.stderr, proc.stderr
+    assert "checkpoint-7" not in os.listdir(fresh(make_mount, local_store).path)
