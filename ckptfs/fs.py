@@ -31,7 +31,7 @@ from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
 from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      decode_name, dir_prefix, entry_key)
 from .staging import ChunkCache, Staging
-from .store import NotFound, ObjectStore, PreconditionFailed, StoreError
+from .store import NotFound, ObjectStore, PreconditionFailed, StoreClosed, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,9 @@ class Filesystem:
                 return await trio.to_thread.run_sync(fn, *args)
             except (NotFound, PreconditionFailed):
                 raise
+            except StoreClosed as exc:   # unmounting: calls in flight are given up
+                log.info("store call given up: %s", exc)
+                raise FsError(errno.EIO, str(exc)) from None
             except StoreError as exc:
                 log.error("store error: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None

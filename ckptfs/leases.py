@@ -259,9 +259,9 @@ class LeaseManager:
         name = self._relpath(inode, d.ino)
         held.broken.add(name)
         self._persist_held()
-        log.error("%s/%s was abandoned: this node's lease on %s is left to expire, so the "
-                  "checkpoint stays staged (ckptfs gc reclaims it)", self._path(d.ino), name,
-                  self._path(d.ino))
+        log.warning("%s/%s was abandoned: this node's lease on %s is left to expire, so "
+                    "the checkpoint stays staged (ckptfs gc reclaims it)", self._path(d.ino),
+                    name, self._path(d.ino))
         self._wake.set()
 
     # ------------------------------------------------------------------ sealing
