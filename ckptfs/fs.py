@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,8 +29,10 @@ from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
 from .liveness import ChunkLiveness, GuardedStore
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
-from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
-                     decode_name, dir_prefix, entry_key)
+from .remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, XATTR_TOTAL_MAX,
+                     BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
+                     check_xattr_name, decode_name, dir_prefix, entry_key, inode_key,
+                     xattrs_size)
 from .staging import ChunkCache, Staging
 from .store import NotFound, ObjectStore, PreconditionFailed, StoreError
 
@@ -193,12 +196,27 @@ class Filesystem:
         return inode
 
     def _entry_of(self, inode: Inode) -> Entry:
+        """The entry a name of ``inode`` has in its directory: the whole object, or for
+        a hard-linked inode a "link" entry naming its shared inode object (0008)."""
+        if inode.link_id:
+            return Entry(type="link", mode=0, link=inode.link_id)
+        return self._content_entry(inode)
+
+    def _content_entry(self, inode: Inode) -> Entry:
         return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
                      mtime_ns=inode.mtime_ns,
                      size=inode.published_size if inode.type == "file" else 0,
                      chunks=list(inode.chunks),
                      id=inode.dir_id, target=inode.target,
-                     staged=inode.staged and inode.type == "dir")
+                     staged=inode.staged and inode.type == "dir",
+                     rdev=inode.rdev, xattrs=dict(inode.xattrs),
+                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1)
+
+    def nlink(self, inode: Inode) -> int:
+        """st_nlink: a directory has 2 + its subdirectories; anything else its names."""
+        if inode.type == "dir":
+            return 2 + self.ns.subdirs(inode.ino)
+        return inode.nlink
 
     async def _store(self, fn, *args):
         async with self.meta_limiter:
@@ -340,6 +358,7 @@ class Filesystem:
             inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
             inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
             inode.target, inode.remote_etag = entry.target, etag
+            inode.rdev, inode.xattrs = entry.rdev, dict(entry.xattrs)
             inode.staged = entry.staged and entry.type == "dir"
             if inode.type == "symlink" and entry.target is not None:
                 inode.size = len(entry.target)
@@ -413,7 +432,8 @@ class Filesystem:
         return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
                                  size=size, chunks=entry.chunks, published=True,
                                  remote_etag=etag, dir_id=entry.id, target=entry.target,
-                                 mtime_ns=entry.mtime_ns,
+                                 mtime_ns=entry.mtime_ns, rdev=entry.rdev,
+                                 xattrs=dict(entry.xattrs),
                                  staged=entry.staged and entry.type == "dir")
 
     def _forget_subtree(self, inode: Inode) -> None:
@@ -523,6 +543,32 @@ class Filesystem:
         self._touch_dir(parent)
         inode = self.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
                                   size=len(target))
+        try:
+            await self._put_entry(inode)
+        except BaseException:
+            self.ns.unlink(inode)
+            self.ns.delete_inode(inode.ino)
+            raise
+        self._mark_parent_changed(self.ns.get(parent))
+        return inode
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int,
+                    gid: int) -> Inode:
+        """A FIFO, device node or socket: a metadata-only entry (the kernel does their
+        I/O itself); or, for S_IFREG, an empty regular file published at once."""
+        check_name_or_raise(name)   # ENAMETOOLONG before anything about the type
+        fmt = stat.S_IFMT(mode)
+        kind = "file" if fmt == 0 else TYPE_OF_BITS.get(fmt)
+        if kind != "file" and kind not in SPECIAL_TYPES:
+            raise FsError(errno.EINVAL, f"mknod of file type {fmt:o}")
+        if kind not in ("chr", "blk"):
+            rdev = 0
+        if not 0 <= rdev <= MAX_RDEV:
+            raise FsError(errno.EINVAL, f"device number {rdev} out of range")
+        await self._check_absent(parent, name)
+        self._dir(parent)
+        self._touch_dir(parent)
+        inode = self.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
         try:
             await self._put_entry(inode)
         except BaseException:
@@ -716,7 +762,11 @@ class Filesystem:
             offset += length
 
     def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
-        os.ftruncate(self.staging.fd(inode.ino, session.ver), size)
+        try:
+            os.ftruncate(self.staging.fd(inode.ino, session.ver), size)
+        except OSError as exc:   # EFBIG: past what the staging disk's filesystem holds
+            raise FsError(exc.errno or errno.EIO, f"truncate to {size}: {exc.strerror}") \
+                from None
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = time.time_ns()
         session.wrote = True
@@ -1271,6 +1321,55 @@ class Filesystem:
             await self.publish_now(ino)
         return inode
 
+    # ------------------------------------------------------------------ extended attributes
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.ns.get(ino).xattrs.get(name)
+        if value is None:
+            raise FsError(errno.ENODATA)
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return sorted(self.ns.get(ino).xattrs)
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes | None) -> None:
+        """Set (or with ``value`` None remove) a ``user.*`` attribute.  It is kept with
+        the entry and published like a chmod: at once for a published entry, else with
+        the next publish of the file's closed version."""
+        if not name.startswith(b"user."):
+            raise FsError(errno.ENOTSUP, "only user.* extended attributes are stored")
+        try:
+            check_xattr_name(name)
+        except BadEntry:
+            raise FsError(errno.EINVAL, f"invalid attribute name {name!r}") from None
+        if ino == ROOT_INO:
+            raise FsError(errno.ENOTSUP, "the root directory has no entry to keep them in")
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            before = dict(inode.xattrs)
+            after = dict(before)
+            if value is None:
+                if after.pop(name, None) is None:
+                    raise FsError(errno.ENODATA)
+            else:
+                after[name] = bytes(value)
+                if xattrs_size(after) > XATTR_TOTAL_MAX:
+                    raise FsError(errno.ENOSPC, f"extended attributes over "
+                                                f"{XATTR_TOTAL_MAX} bytes")
+            inode.xattrs = after
+            inode.ctime_ns = time.time_ns()
+            self.ns.save(inode)
+            if inode.published and not inode.dirty and inode.parent:
+                try:
+                    await self._rewrite_entry(inode)
+                except BaseException:
+                    inode = self.ns.get(ino)
+                    inode.xattrs = before
+                    self.ns.save(inode)
+                    raise
+        self._drop_rt(ino)
+
     async def _set_size(self, inode: Inode, size: int) -> None:
         """truncate/ftruncate: inside an open write session it changes the working
         version; otherwise it is a whole change of its own (a new closed version)."""
@@ -1285,7 +1384,12 @@ class Filesystem:
         if rt.session is not session:
             return
         if size:
-            self._truncate_session(inode, session, size)
+            try:
+                self._truncate_session(inode, session, size)
+            except FsError:
+                if not session.handles and rt.session is session:
+                    self._end_session_unchanged(inode, rt, session)
+                raise
         session.wrote = True
         if session.handles:
             return  # a writer joined meanwhile: its close publishes
