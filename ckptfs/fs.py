@@ -1439,7 +1439,10 @@ class Filesystem:
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
                      flags: int) -> None:
         if flags & RENAME_EXCHANGE:
-            raise FsError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EINVAL, "RENAME_EXCHANGE with RENAME_NOREPLACE")
+            await self._exchange(old_parent, old_name, new_parent, new_name)
+            return
         check_name_or_raise(new_name)
         inode = await self.lookup(old_parent, old_name)
         new_dir = self._dir(new_parent)
@@ -1492,6 +1495,98 @@ class Filesystem:
         elif inode.type == "file" and not self._writers(inode.ino):
             self._seals_after_close(inode, wait=False)
 
+    async def _exchange(self, a_parent: int, a_name: bytes, b_parent: int,
+                        b_name: bytes) -> None:
+        """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
+        claimed as in a rename (decision 0006), the swap is journaled, then each key
+        gets the other's entry (If-Match its claim)."""
+        a = await self.lookup(a_parent, a_name)
+        b = await self.lookup(b_parent, b_name)
+        self._dir(a_parent)
+        self._dir(b_parent)
+        if a.ino == b.ino:
+            return
+        for moving, dest in ((a, b_parent), (b, a_parent)):
+            if moving.type != "dir":
+                continue
+            ancestor = dest
+            while ancestor != ROOT_INO:
+                if ancestor == moving.ino:
+                    raise FsError(errno.EINVAL, "cannot move a directory into itself")
+                ancestor = self.ns.get(ancestor).parent
+        for inode in (a, b):
+            if inode.type == "dir":
+                while self._pending_under(inode.ino):
+                    await trio.sleep(0.05)
+        busy = {a_parent, b_parent}
+        for d in busy:
+            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
+        try:
+            async with AsyncExitStack() as locks:
+                for ino in sorted((a.ino, b.ino)):
+                    await locks.enter_async_context(self._rt(ino).lock)
+                a, b = self.ns.get(a.ino), self.ns.get(b.ino)
+                if self.ns.lookup(a_parent, a_name) != a.ino or \
+                        self.ns.lookup(b_parent, b_name) != b.ino:
+                    raise FsError.enoent("changed while exchanging")
+                key_a = entry_key(self.ns.get(a_parent).dir_id, a_name)
+                key_b = entry_key(self.ns.get(b_parent).dir_id, b_name)
+                claim_a = await self._claim(a, key_a, key_b) if a.published else None
+                try:
+                    claim_b = await self._claim(b, key_b, key_a) if b.published else None
+                except BaseException:
+                    if claim_a is not None:   # give the first name back its entry
+                        with trio.CancelScope(shield=True):
+                            await self._put_quietly(key_a, self._entry_of(a), claim_a)
+                    raise
+                steps = [(key_b, self._entry_of(a).to_json().decode() if a.published
+                          else None, claim_b),
+                         (key_a, self._entry_of(b).to_json().decode() if b.published
+                          else None, claim_a)]
+                seq = self.ns.journal_add({"op": "exchange", "steps": steps})
+                await self._sync_journal()
+                await self._finish_exchange(steps)
+                self.ns.journal_done(seq)
+                self.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
+                for ino in (a.ino, b.ino):
+                    inode = self.ns.get(ino)
+                    if inode.published and not inode.link_id:
+                        inode.remote_etag = None   # read again before the next rewrite
+                        self.ns.save(inode)
+                self._mark_parent_changed(self.ns.get(a_parent))
+                if b_parent != a_parent:
+                    self._mark_parent_changed(self.ns.get(b_parent))
+        finally:
+            for d in busy:
+                self._busy_dirs[d] -= 1
+                if not self._busy_dirs[d]:
+                    del self._busy_dirs[d]
+                self._touch_dir(d)
+        self._drop_rt(a.ino)
+        self._drop_rt(b.ino)
+
+    async def _finish_exchange(self, steps: list) -> None:
+        """Write each key's new entry (or delete it when its new object was never
+        published), conditional on our claim; also the journal replay."""
+        for key, body, claim in steps:
+            try:
+                if body is not None:
+                    await self._store(functools.partial(self.store.put, key, body.encode(),
+                                                        if_match=claim))
+                elif claim is not None:
+                    await self._store(functools.partial(self.store.delete, key,
+                                                        if_match=claim))
+            except PreconditionFailed:
+                log.warning("%s was written again by another node during an exchange: "
+                            "that newer version stays", key)
+
+    async def _put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
+        try:
+            await self._store(functools.partial(self.store.put, key, entry.to_json(),
+                                                if_match=if_match))
+        except (FsError, PreconditionFailed) as exc:
+            log.warning("could not release the claim on %s (%s): it expires", key, exc)
+
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
                              new_name: bytes, target: Inode | None, seals: bool = True) -> None:
         """The store steps and the namespace move, under the locks of the renamed inode
@@ -1532,22 +1627,7 @@ class Filesystem:
         its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
         under the new key, then delete the old key only if it is still our claim (a
         newer version another node wrote there meanwhile stays)."""
-        for _ in range(8):
-            entry, etag = await self._current_entry(inode, old_key)
-            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
-                raise FsError.enoent(f"{old_key} is being renamed by another node")
-            self._adopt_newer(inode, entry, etag)
-            claim = self._entry_of(inode)
-            claim.moving_to, claim.moving_at = new_key, time.time()
-            try:
-                claim_etag = await self._store(
-                    functools.partial(self.store.put, old_key, claim.to_json(),
-                                      if_match=etag))
-                break
-            except PreconditionFailed:
-                continue  # changed under us: read it again
-        else:
-            raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
+        claim_etag = await self._claim(inode, old_key, new_key)
         moved = self._entry_of(inode)
         moved.staged = moved.staged and not seals
         body = moved.to_json()
@@ -1563,7 +1643,28 @@ class Filesystem:
             raise
         await self._delete_claimed(old_key, claim_etag)
         self.ns.journal_done(seq)
-        inode.remote_etag = new_etag
+        if not inode.link_id:   # a linked inode's ETag is its inode object's
+            inode.remote_etag = new_etag
+
+    async def _claim(self, inode: Inode, old_key: str, new_key: str) -> str:
+        """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
+        version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
+        claim's ETag."""
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            if not inode.link_id:
+                self._adopt_newer(inode, entry, etag)
+            claim = self._entry_of(inode)
+            claim.moving_to, claim.moving_at = new_key, time.time()
+            try:
+                return await self._store(
+                    functools.partial(self.store.put, old_key, claim.to_json(),
+                                      if_match=etag))
+            except PreconditionFailed:
+                continue  # changed under us: read it again
+        raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
 
     async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
         try:
@@ -1585,6 +1686,11 @@ class Filesystem:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry as exc:
             raise FsError(errno.EIO, f"corrupt entry {key}: {exc}") from None
+        if entry.type == "link" and inode.link_id and key != inode_key(inode.link_id):
+            if entry.link != inode.link_id:
+                self._touch_dir(inode.parent)
+                raise FsError.enoent(f"{key} now names another object")
+            return entry, etag
         if entry.type != inode.type or (inode.type == "dir" and entry.id != inode.dir_id):
             self._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} now names another object")
@@ -1700,6 +1806,10 @@ class Filesystem:
                     await self._store(self.store.delete, record["delete"])
                 self.ns.journal_done(seq)
                 log.info("finished an interrupted rename to %s", record["put"])
+            elif op == "exchange":
+                await self._finish_exchange(record["steps"])
+                self.ns.journal_done(seq)
+                log.info("finished an interrupted exchange")
             elif op == "publish":   # written by versions before the pending index
                 self.ns.journal_done(seq)
                 inode = self.ns.maybe_get(record["ino"])
