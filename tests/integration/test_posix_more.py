@@ -311,3 +311,29 @@ def test_a_killed_writer_of_a_linked_file_publishes_under_no_name(mnt, make_moun
     other = fresh(make_mount, mnt)
     for name in ("x", "y"):
         assert (other.path / name).read_bytes() == b"closed"
+
+
+def test_gc_keeps_the_chunks_of_linked_files_and_reports_orphan_inode_objects(
+        local_store, make_mount):
+    import time
+    from conftest import run_ckptfs
+    mnt = make_mount(local_store, extra=("--gc-settle", "0.3"))
+    data = os.urandom(1 << 20)
+    (mnt.path / "x").write_bytes(data)
+    os.link(mnt.path / "x", mnt.path / "y")
+    os.unlink(mnt.path / "x")           # the content now lives only in the inode object
+    (mnt.path / "gone").write_bytes(os.urandom(1 << 20))
+    os.unlink(mnt.path / "gone")        # an unreferenced chunk gc does delete
+    orphan = local_store.root / "inodes" / ("e" * 32)
+    orphan.write_bytes(b'{"v":1,"type":"file","mode":420,"size":0,"chunks":[],"nlink":1}')
+    chunks = lambda: {p.name for p in (local_store.root / "chunks").glob("*/*")}  # noqa: E731
+    before = chunks()
+    for _ in range(3):                  # condemn, then delete (decision 0003)
+        proc = run_ckptfs("gc", str(mnt.path), "--grace", "0")
+        assert proc.returncode == 0, proc.stderr
+        time.sleep(1.2)
+    assert len(chunks()) == len(before) - 1
+    assert f"inodes/{'e' * 32} has no name linking to it" in proc.stderr
+    assert orphan.exists()
+    other = make_mount(local_store, name="after-gc")
+    assert (other.path / "y").read_bytes() == data
