@@ -428,6 +428,9 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
                     print(f"{verb} abandoned staging file {name}")
                 for key in reply.get("bad_entries", []):
                     print(f"ckptfs: gc: cannot parse entry {key}", file=sys.stderr)
+                for key in reply.get("orphan_inodes", []):
+                    print(f"ckptfs: gc: inode object {key} has no name linking to it "
+                          "(kept)", file=sys.stderr)
                 print(f"ckptfs: gc pass {reply.get('generation', 0)} {verb} "
                       f"{len(reply['staged_trees'])} staged tree(s), "
                       f"{reply['entries_deleted']} entries, {reply['chunks_deleted']} chunk(s) "

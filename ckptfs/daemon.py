@@ -595,6 +595,7 @@ class Daemon:
                     "leases_deleted": report.leases_deleted,
                     "chunks_condemned": report.chunks_condemned,
                     "bad_entries": report.bad_entries,
+                    "orphan_inodes": report.orphan_inodes,
                     "stopped": report.stopped,
                     "local_abandoned": abandoned})
 

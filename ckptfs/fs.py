@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,8 +29,10 @@ from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
 from .liveness import ChunkLiveness, GuardedStore
 from .publisher import ChunkTracker, ChunkUploader, PublishQueue, chunk_list
-from .remote import (MAX_CHUNK_SIZE, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
-                     decode_name, dir_prefix, entry_key)
+from .remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, XATTR_TOTAL_MAX,
+                     BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
+                     check_xattr_name, decode_name, dir_prefix, entry_key, inode_key,
+                     xattrs_size)
 from .staging import ChunkCache, Staging
 from .store import NotFound, ObjectStore, PreconditionFailed, StoreClosed, StoreError
 
@@ -193,12 +196,27 @@ class Filesystem:
         return inode
 
     def _entry_of(self, inode: Inode) -> Entry:
+        """The entry a name of ``inode`` has in its directory: the whole object, or for
+        a hard-linked inode a "link" entry naming its shared inode object (0008)."""
+        if inode.link_id:
+            return Entry(type="link", mode=0, link=inode.link_id)
+        return self._content_entry(inode)
+
+    def _content_entry(self, inode: Inode) -> Entry:
         return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
                      mtime_ns=inode.mtime_ns,
                      size=inode.published_size if inode.type == "file" else 0,
                      chunks=list(inode.chunks),
                      id=inode.dir_id, target=inode.target,
-                     staged=inode.staged and inode.type == "dir")
+                     staged=inode.staged and inode.type == "dir",
+                     rdev=inode.rdev, xattrs=dict(inode.xattrs),
+                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1)
+
+    def nlink(self, inode: Inode) -> int:
+        """st_nlink: a directory has 2 + its subdirectories; anything else its names."""
+        if inode.type == "dir":
+            return 2 + self.ns.subdirs(inode.ino)
+        return inode.nlink
 
     async def _store(self, fn, *args):
         async with self.meta_limiter:
@@ -213,13 +231,113 @@ class Filesystem:
                 log.error("store error: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
 
+    def _key_of(self, inode: Inode) -> str:
+        """Where ``inode``'s content entry lives: its shared inode object once it is
+        hard-linked (decision 0008), else the entry of its name."""
+        if inode.link_id:
+            return inode_key(inode.link_id)
+        return entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+
     async def _put_entry(self, inode: Inode) -> None:
+        if inode.link_id:
+            await self._put_linked(inode)
+            return
         parent = self.ns.get(inode.parent)
         key = entry_key(parent.dir_id, inode.name)
         etag = await self._store(self.store.put, key, self._entry_of(inode).to_json())
         inode.remote_etag = etag
         inode.published = True
         self.ns.save(inode)
+
+    async def _put_linked(self, inode: Inode) -> None:
+        """Publish a hard-linked inode: one PUT of its inode object (the content of
+        every name at once), then — the first time — the link entries of its names."""
+        key = inode_key(inode.link_id)
+        if inode.links_pending and not inode.published:
+            inode.remote_nlink = len(inode.names)
+            etag = await self._store(self.store.put_if_absent, key,
+                                     self._content_entry(inode).to_json())
+            if not etag:
+                raise FsError(errno.EIO, f"{key} exists already")
+            inode.remote_etag = etag
+            inode.published = True
+            self.ns.save(inode)
+        else:
+            await self._rewrite_entry(inode)
+        if inode.links_pending:
+            body = self._entry_of(inode).to_json()
+            for parent, name in inode.names:
+                await self._store(self.store.put, entry_key(self.ns.get(parent).dir_id, name),
+                                  body)
+            inode.links_pending = False
+            self.ns.save(inode)
+
+    async def _change_nlink(self, inode: Inode, delta: int) -> None:
+        """Count a name more or less in a hard-linked inode's object (compare-and-swap
+        on its ETag); the object goes with its last name."""
+        key = inode_key(inode.link_id)
+        etag = inode.remote_etag
+        for _ in range(8):
+            if etag is None:
+                try:
+                    entry, etag = await self._current_entry(inode, key)
+                except FsError as exc:
+                    if exc.errno == errno.ENOENT and delta < 0:
+                        return   # gone already
+                    raise
+                self._adopt_newer(inode, entry, etag)
+            n = inode.remote_nlink + delta
+            try:
+                if n <= 0:
+                    await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                    inode.remote_nlink, inode.remote_etag = 0, None
+                else:
+                    entry = self._content_entry(inode)
+                    entry.nlink = n
+                    inode.remote_etag = await self._store(
+                        functools.partial(self.store.put, key, entry.to_json(),
+                                          if_match=etag))
+                    inode.remote_nlink = n
+                self.ns.save(inode)
+                return
+            except PreconditionFailed:
+                etag = None
+        raise FsError(errno.EIO, f"{key} keeps changing; link count not changed")
+
+    async def _make_linked(self, inode: Inode) -> None:
+        """The first hard link of a published inode: its content moves into a shared
+        inode object (written first, If-None-Match), then its name's entry becomes a
+        link to it (If-Match the entry we read: a newer version another node
+        published meanwhile is adopted first, never lost)."""
+        key = entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, key, allow_link=True)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{key} is being renamed by another node")
+            if entry.type == "link":   # another node linked it meanwhile
+                self._adopt_link(inode, entry.link)
+                inode.remote_etag = None
+                return
+            self._adopt_newer(inode, entry, etag)
+            link_id = uuid.uuid4().hex
+            content = self._content_entry(inode)
+            obj = inode_key(link_id)
+            obj_etag = await self._store(self.store.put_if_absent, obj, content.to_json())
+            try:
+                await self._store(functools.partial(
+                    self.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),
+                    if_match=etag))
+            except PreconditionFailed:
+                await self._store(self.store.delete, obj)
+                continue
+            self.ns.set_link_id(inode, link_id)
+            inode.remote_etag, inode.remote_nlink = obj_etag or None, 1
+            self.ns.save(inode)
+            return
+        raise FsError(errno.EIO, f"{key} keeps changing; not linked")
+
+    def _adopt_link(self, inode: Inode, link_id: str) -> None:
+        self.ns.set_link_id(inode, link_id)
 
     # ------------------------------------------------------------------ remote listing
 
@@ -316,6 +434,7 @@ class Filesystem:
         async with trio.open_nursery() as nursery:
             for name, key in to_fetch:
                 nursery.start_soon(fetch, name, key)
+        await self._resolve_links(fetched, corrupt)
         # Apply: no await from here on.
         dir_inode = self.ns.get(dir_inode.ino)
         if not dir_inode.parent and dir_inode.ino != ROOT_INO:
@@ -330,19 +449,35 @@ class Filesystem:
             if ino is None:
                 if changed_locally:
                     continue
-                self._adopt_entry(dir_inode.ino, name, entry, etag)
-                continue
+                holder = self._holder_of(entry)
+                if holder is None:
+                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    continue
+                # Another name of a hard-linked inode this node knows already.
+                self.ns.add_name(holder, dir_inode.ino, name)
+                ino = holder.ino
             inode = self.ns.get(ino)
             if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
                 continue
-            if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id):
-                self._forget_subtree(inode)
-                self._adopt_entry(dir_inode.ino, name, entry, etag)
-                continue
+            if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id) \
+                    or (inode.link_id != entry.link and
+                        (inode.link_id is not None or self._holder_of(entry) is not None)):
+                self._forget_subtree(inode, dir_inode.ino, name)
+                holder = self._holder_of(entry)
+                if holder is None:
+                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    continue
+                self.ns.add_name(holder, dir_inode.ino, name)
+                inode = holder
+                ino = holder.ino
+            if entry.link and inode.link_id is None:   # another node linked it
+                self.ns.set_link_id(inode, entry.link)
+            inode.remote_nlink = entry.nlink if entry.link else 0
             content_changed = inode.chunks != entry.chunks
             inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
             inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
             inode.target, inode.remote_etag = entry.target, etag
+            inode.rdev, inode.xattrs = entry.rdev, dict(entry.xattrs)
             inode.staged = entry.staged and entry.type == "dir"
             if inode.type == "symlink" and entry.target is not None:
                 inode.size = len(entry.target)
@@ -360,10 +495,56 @@ class Filesystem:
                 inode = self.ns.get(ino)
                 if inode.published and not inode.dirty and not self._is_open(ino) \
                         and ino not in self.queue.queued and not self._locked(ino):
-                    self._forget_subtree(inode)
+                    self._forget_subtree(inode, dir_inode.ino, name)
         self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
         self.ns.save(dir_inode)
+
+    async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],
+                             corrupt: set[bytes]) -> None:
+        """Replace each fetched "link" entry by its shared inode object (one GET per
+        object, decision 0008), with the object's ETag.  A link whose object is
+        missing or malformed answers EIO for that name."""
+        ids = {entry.link for entry, _ in fetched.values() if entry.type == "link"}
+        objects: dict[str, tuple[Entry, str]] = {}
+
+        async def fetch(link_id: str) -> None:
+            key = inode_key(link_id)
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except (NotFound, FsError):
+                return
+            try:
+                obj = Entry.from_json(body, MAX_CHUNK_SIZE)
+                if obj.type in ("dir", "link"):
+                    raise BadEntry(f"an inode object of type {obj.type}")
+            except BadEntry as exc:
+                log.error("corrupt inode object %s: %s", key, exc)
+                return
+            obj.link = link_id
+            objects[link_id] = (obj, etag)
+
+        async with trio.open_nursery() as nursery:
+            for link_id in ids:
+                nursery.start_soon(fetch, link_id)
+        for name, (entry, _) in list(fetched.items()):
+            if entry.type != "link":
+                continue
+            if entry.link in objects:
+                fetched[name] = objects[entry.link]
+            else:
+                log.error("link %r names a missing inode object %s (EIO for that name)",
+                          name, entry.link)
+                corrupt.add(name)
+                del fetched[name]
+
+    def _holder_of(self, entry: Entry) -> Inode | None:
+        """The inode this node holds, under another name, for a linked entry."""
+        if not entry.link:
+            return None
+        ino = self.ns.ino_of_link_id(entry.link)
+        holder = self.ns.maybe_get(ino) if ino is not None else None
+        return holder if holder is not None and holder.parent else None
 
     def _drop_hostile_dir_ids(self, dir_inode: Inode, fetched: dict, remote: dict,
                               local: dict, corrupt: set[bytes]) -> None:
@@ -416,20 +597,26 @@ class Filesystem:
         return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
                                  size=size, chunks=entry.chunks, published=True,
                                  remote_etag=etag, dir_id=entry.id, target=entry.target,
-                                 mtime_ns=entry.mtime_ns,
+                                 mtime_ns=entry.mtime_ns, rdev=entry.rdev,
+                                 xattrs=dict(entry.xattrs), link_id=entry.link,
+                                 remote_nlink=entry.nlink if entry.link else 0,
                                  staged=entry.staged and entry.type == "dir")
 
-    def _forget_subtree(self, inode: Inode) -> None:
-        """Drop a name that vanished from the store (another node removed it).  What
-        this node still has work for (dirty, open, queued, locked) stays."""
+    def _forget_subtree(self, inode: Inode, parent: int | None = None,
+                        name: bytes | None = None) -> None:
+        """Drop a name that vanished from the store (another node removed it); by
+        default the inode's first name.  What this node still has work for (dirty,
+        open, queued, locked) stays; a hard-linked inode stays while it has a name."""
         if inode.type == "dir":
-            for _, child in self.ns.children(inode.ino):
+            for child_name, child in self.ns.children(inode.ino):
                 child_inode = self.ns.get(child)
                 if child_inode.dirty or self._is_open(child) or child in self.queue.queued:
                     continue
-                self._forget_subtree(child_inode)
-        self.ns.unlink(inode)
-        if not self._is_open(inode.ino):
+                self._forget_subtree(child_inode, inode.ino, child_name)
+        if parent is None:
+            parent, name = inode.parent, inode.name
+        self.ns.unlink(inode, parent, name)
+        if not inode.parent and not self._is_open(inode.ino):
             self._delete_inode(inode)
         self.invalidate(inode.ino)
 
@@ -526,6 +713,32 @@ class Filesystem:
         self._touch_dir(parent)
         inode = self.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
                                   size=len(target))
+        try:
+            await self._put_entry(inode)
+        except BaseException:
+            self.ns.unlink(inode)
+            self.ns.delete_inode(inode.ino)
+            raise
+        self._mark_parent_changed(self.ns.get(parent))
+        return inode
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int,
+                    gid: int) -> Inode:
+        """A FIFO, device node or socket: a metadata-only entry (the kernel does their
+        I/O itself); or, for S_IFREG, an empty regular file published at once."""
+        check_name_or_raise(name)   # ENAMETOOLONG before anything about the type
+        fmt = stat.S_IFMT(mode)
+        kind = "file" if fmt == 0 else TYPE_OF_BITS.get(fmt)
+        if kind != "file" and kind not in SPECIAL_TYPES:
+            raise FsError(errno.EINVAL, f"mknod of file type {fmt:o}")
+        if kind not in ("chr", "blk"):
+            rdev = 0
+        if not 0 <= rdev <= MAX_RDEV:
+            raise FsError(errno.EINVAL, f"device number {rdev} out of range")
+        await self._check_absent(parent, name)
+        self._dir(parent)
+        self._touch_dir(parent)
+        inode = self.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
         try:
             await self._put_entry(inode)
         except BaseException:
@@ -719,7 +932,11 @@ class Filesystem:
             offset += length
 
     def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
-        os.ftruncate(self.staging.fd(inode.ino, session.ver), size)
+        try:
+            os.ftruncate(self.staging.fd(inode.ino, session.ver), size)
+        except OSError as exc:   # EFBIG: past what the staging disk's filesystem holds
+            raise FsError(exc.errno or errno.EIO, f"truncate to {size}: {exc.strerror}") \
+                from None
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = time.time_ns()
         session.wrote = True
@@ -1085,10 +1302,10 @@ class Filesystem:
         if inode.published or inode.dirty:
             self._restore_size(inode)
         elif inode.parent:
-            parent = inode.parent
-            self._touch_dir(parent)
-            self.ns.unlink(inode)
-            self._stale_entries.append((parent, inode.name))
+            for parent, name in inode.names:   # every name: it never had a closed version
+                self._touch_dir(parent)
+                self._stale_entries.append((parent, name))
+            self.ns.unlink(inode, all_names=True)
         self.invalidate(inode.ino)
 
     def _path_for_log(self, inode: Inode) -> str:
@@ -1274,6 +1491,55 @@ class Filesystem:
             await self.publish_now(ino)
         return inode
 
+    # ------------------------------------------------------------------ extended attributes
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = self.ns.get(ino).xattrs.get(name)
+        if value is None:
+            raise FsError(errno.ENODATA)
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return sorted(self.ns.get(ino).xattrs)
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes | None) -> None:
+        """Set (or with ``value`` None remove) a ``user.*`` attribute.  It is kept with
+        the entry and published like a chmod: at once for a published entry, else with
+        the next publish of the file's closed version."""
+        if not name.startswith(b"user."):
+            raise FsError(errno.ENOTSUP, "only user.* extended attributes are stored")
+        try:
+            check_xattr_name(name)
+        except BadEntry:
+            raise FsError(errno.EINVAL, f"invalid attribute name {name!r}") from None
+        if ino == ROOT_INO:
+            raise FsError(errno.ENOTSUP, "the root directory has no entry to keep them in")
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            before = dict(inode.xattrs)
+            after = dict(before)
+            if value is None:
+                if after.pop(name, None) is None:
+                    raise FsError(errno.ENODATA)
+            else:
+                after[name] = bytes(value)
+                if xattrs_size(after) > XATTR_TOTAL_MAX:
+                    raise FsError(errno.ENOSPC, f"extended attributes over "
+                                                f"{XATTR_TOTAL_MAX} bytes")
+            inode.xattrs = after
+            inode.ctime_ns = time.time_ns()
+            self.ns.save(inode)
+            if inode.published and not inode.dirty and inode.parent:
+                try:
+                    await self._rewrite_entry(inode)
+                except BaseException:
+                    inode = self.ns.get(ino)
+                    inode.xattrs = before
+                    self.ns.save(inode)
+                    raise
+        self._drop_rt(ino)
+
     async def _set_size(self, inode: Inode, size: int) -> None:
         """truncate/ftruncate: inside an open write session it changes the working
         version; otherwise it is a whole change of its own (a new closed version)."""
@@ -1288,7 +1554,12 @@ class Filesystem:
         if rt.session is not session:
             return
         if size:
-            self._truncate_session(inode, session, size)
+            try:
+                self._truncate_session(inode, session, size)
+            except FsError:
+                if not session.handles and rt.session is session:
+                    self._end_session_unchanged(inode, rt, session)
+                raise
         session.wrote = True
         if session.handles:
             return  # a writer joined meanwhile: its close publishes
@@ -1304,7 +1575,7 @@ class Filesystem:
         inode = await self.lookup(parent, name)
         if inode.type == "dir":
             raise FsError(errno.EISDIR)
-        await self._remove(inode)
+        await self._remove(inode, parent, name)
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.lookup(parent, name)
@@ -1313,32 +1584,77 @@ class Filesystem:
         await self.refresh_dir(inode.ino, force=True)
         if self.ns.has_children(inode.ino):
             raise FsError(errno.ENOTEMPTY)
-        await self._remove(inode)
+        await self._remove(inode, parent, name)
 
-    async def _remove(self, inode: Inode) -> None:
+    async def _remove(self, inode: Inode, parent_ino: int, name: bytes) -> None:
         # Under the inode's lock: an entry PUT in flight (a publish) lands first, then
         # its key is deleted here, instead of landing after and resurrecting the name.
         rt = self._rt(inode.ino)
         async with rt.lock:
             inode = self.ns.get(inode.ino)
-            if not inode.parent:
+            if self.ns.lookup(parent_ino, name) != inode.ino:
                 return
-            parent = self.ns.get(inode.parent)
-            if inode.published:
-                await self._store(self.store.delete, entry_key(parent.dir_id, inode.name))
+            parent = self.ns.get(parent_ino)
+            if inode.published and not inode.links_pending:
+                await self._store(self.store.delete, entry_key(parent.dir_id, name))
+                if inode.link_id:
+                    await self._change_nlink(inode, -1)
             self._touch_dir(parent.ino)
-            self.ns.unlink(inode)
+            self.ns.unlink(inode, parent_ino, name)
             self._mark_parent_changed(parent)
         self._drop_rt(inode.ino)
-        if not self._is_open(inode.ino):
+        if not inode.parent and not self._is_open(inode.ino):
             self._delete_inode(inode)
+
+    # ------------------------------------------------------------------ hard links
+
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Inode:
+        """A further name for a non-directory (decision 0008).  The first link moves
+        the content into a shared inode object; each name is a "link" entry to it."""
+        check_name_or_raise(new_name)
+        inode = self.ns.get(ino)
+        if inode.type == "dir":
+            raise FsError(errno.EPERM, "hard links to directories")
+        await self._check_absent(new_parent, new_name)
+        new_dir = self._dir(new_parent)
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            if not inode.parent:
+                raise FsError.enoent("the file was removed")
+            if self.ns.lookup(new_parent, new_name) is not None:
+                raise FsError(errno.EEXIST)
+            if inode.published and not inode.links_pending:
+                if not inode.link_id:
+                    await self._make_linked(inode)
+                await self._change_nlink(inode, +1)
+                key = entry_key(new_dir.dir_id, new_name)
+                created = await self._store(self.store.put_if_absent, key,
+                                            self._entry_of(inode).to_json())
+                if not created:
+                    await self._change_nlink(inode, -1)
+                    raise FsError(errno.EEXIST)
+            else:
+                # Not published yet (a first version still being written, or queued in
+                # async mode): its first publish writes the object and every name.
+                if not inode.link_id:
+                    self.ns.set_link_id(inode, uuid.uuid4().hex)
+                inode.links_pending = True
+            self._touch_dir(new_parent)
+            self.ns.add_name(inode, new_parent, new_name)
+            self._mark_parent_changed(self.ns.get(new_parent))
+        self._drop_rt(ino)
+        return self.ns.get(ino)
 
     # ------------------------------------------------------------------ rename
 
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
                      flags: int) -> None:
         if flags & RENAME_EXCHANGE:
-            raise FsError(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EINVAL, "RENAME_EXCHANGE with RENAME_NOREPLACE")
+            await self._exchange(old_parent, old_name, new_parent, new_name)
+            return
         check_name_or_raise(new_name)
         inode = await self.lookup(old_parent, old_name)
         new_dir = self._dir(new_parent)
@@ -1372,11 +1688,12 @@ class Filesystem:
         seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
         # A listing of either directory applied while the two store steps are under way
         # would see the old name gone and forget it: mark both busy until the move.
-        busy = {inode.parent, new_parent}
+        busy = {old_parent, new_parent}
         for d in busy:
             self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
         try:
-            await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals)
+            await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals,
+                                      old=(old_parent, old_name))
         finally:
             for d in busy:
                 self._busy_dirs[d] -= 1
@@ -1391,8 +1708,103 @@ class Filesystem:
         elif inode.type == "file" and not self._writers(inode.ino):
             self._seals_after_close(inode, wait=False)
 
+    async def _exchange(self, a_parent: int, a_name: bytes, b_parent: int,
+                        b_name: bytes) -> None:
+        """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
+        claimed as in a rename (decision 0006), the swap is journaled, then each key
+        gets the other's entry (If-Match its claim)."""
+        a = await self.lookup(a_parent, a_name)
+        b = await self.lookup(b_parent, b_name)
+        self._dir(a_parent)
+        self._dir(b_parent)
+        if a.ino == b.ino:
+            return
+        for moving, dest in ((a, b_parent), (b, a_parent)):
+            if moving.type != "dir":
+                continue
+            ancestor = dest
+            while ancestor != ROOT_INO:
+                if ancestor == moving.ino:
+                    raise FsError(errno.EINVAL, "cannot move a directory into itself")
+                ancestor = self.ns.get(ancestor).parent
+        for inode in (a, b):
+            if inode.type == "dir":
+                while self._pending_under(inode.ino):
+                    await trio.sleep(0.05)
+        busy = {a_parent, b_parent}
+        for d in busy:
+            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
+        try:
+            async with AsyncExitStack() as locks:
+                for ino in sorted((a.ino, b.ino)):
+                    await locks.enter_async_context(self._rt(ino).lock)
+                a, b = self.ns.get(a.ino), self.ns.get(b.ino)
+                if self.ns.lookup(a_parent, a_name) != a.ino or \
+                        self.ns.lookup(b_parent, b_name) != b.ino:
+                    raise FsError.enoent("changed while exchanging")
+                key_a = entry_key(self.ns.get(a_parent).dir_id, a_name)
+                key_b = entry_key(self.ns.get(b_parent).dir_id, b_name)
+                a_remote = a.published and not a.links_pending
+                b_remote = b.published and not b.links_pending
+                claim_a = await self._claim(a, key_a, key_b) if a_remote else None
+                try:
+                    claim_b = await self._claim(b, key_b, key_a) if b_remote else None
+                except BaseException:
+                    if claim_a is not None:   # give the first name back its entry
+                        with trio.CancelScope(shield=True):
+                            await self._put_quietly(key_a, self._entry_of(a), claim_a)
+                    raise
+                steps = [(key_b, self._entry_of(a).to_json().decode() if a_remote
+                          else None, claim_b),
+                         (key_a, self._entry_of(b).to_json().decode() if b_remote
+                          else None, claim_a)]
+                seq = self.ns.journal_add({"op": "exchange", "steps": steps})
+                await self._sync_journal()
+                await self._finish_exchange(steps)
+                self.ns.journal_done(seq)
+                self.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
+                for ino in (a.ino, b.ino):
+                    inode = self.ns.get(ino)
+                    if inode.published and not inode.link_id:
+                        inode.remote_etag = None   # read again before the next rewrite
+                        self.ns.save(inode)
+                self._mark_parent_changed(self.ns.get(a_parent))
+                if b_parent != a_parent:
+                    self._mark_parent_changed(self.ns.get(b_parent))
+        finally:
+            for d in busy:
+                self._busy_dirs[d] -= 1
+                if not self._busy_dirs[d]:
+                    del self._busy_dirs[d]
+                self._touch_dir(d)
+        self._drop_rt(a.ino)
+        self._drop_rt(b.ino)
+
+    async def _finish_exchange(self, steps: list) -> None:
+        """Write each key's new entry (or delete it when its new object was never
+        published), conditional on our claim; also the journal replay."""
+        for key, body, claim in steps:
+            try:
+                if body is not None:
+                    await self._store(functools.partial(self.store.put, key, body.encode(),
+                                                        if_match=claim))
+                elif claim is not None:
+                    await self._store(functools.partial(self.store.delete, key,
+                                                        if_match=claim))
+            except PreconditionFailed:
+                log.warning("%s was written again by another node during an exchange: "
+                            "that newer version stays", key)
+
+    async def _put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
+        try:
+            await self._store(functools.partial(self.store.put, key, entry.to_json(),
+                                                if_match=if_match))
+        except (FsError, PreconditionFailed) as exc:
+            log.warning("could not release the claim on %s (%s): it expires", key, exc)
+
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
-                             new_name: bytes, target: Inode | None, seals: bool = True) -> None:
+                             new_name: bytes, target: Inode | None, seals: bool = True,
+                             old: tuple[int, bytes] | None = None) -> None:
         """The store steps and the namespace move, under the locks of the renamed inode
         and of the one it replaces (a publish of either finishes first), taken in inode
         order so two crossing renames cannot deadlock."""
@@ -1401,23 +1813,29 @@ class Filesystem:
             for ino in inos:
                 await locks.enter_async_context(self._rt(ino).lock)
             inode = self.ns.get(inode.ino)
-            if not inode.parent:
+            old = old or (inode.parent, inode.name)
+            if not inode.parent or self.ns.lookup(*old) != inode.ino:
                 raise FsError.enoent("removed while renaming")
-            old_dir = self.ns.get(inode.parent)
-            old_key = entry_key(old_dir.dir_id, inode.name)
+            old_dir = self.ns.get(old[0])
+            old_key = entry_key(old_dir.dir_id, old[1])
             new_key = entry_key(new_dir.dir_id, new_name)
-            if inode.published:
+            target_remote = target is not None and target.published and \
+                not target.links_pending
+            if inode.published and not inode.links_pending:
                 await self._move_entry(inode, old_key, new_key, seals)
-            elif target is not None and target.published:
+            elif target_remote:
                 await self._store(self.store.delete, new_key)
+            if target_remote and target.link_id:
+                # The replaced name was one link of a shared inode: count it out.
+                await self._change_nlink(self.ns.get(target.ino), -1)
             inode.staged = inode.staged and not seals  # a rename seals a staged directory
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)
-                self.ns.unlink(replaced)
-                if not self._is_open(replaced.ino):
+                self.ns.unlink(replaced, new_parent, new_name)
+                if not replaced.parent and not self._is_open(replaced.ino):
                     self._delete_inode(replaced)
-            self.ns.move(inode, new_parent, new_name)
+            self.ns.move(inode, new_parent, new_name, old=old)
             self._mark_parent_changed(old_dir)
             if new_parent != old_dir.ino:
                 self._mark_parent_changed(self.ns.get(new_parent))
@@ -1431,22 +1849,7 @@ class Filesystem:
         its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
         under the new key, then delete the old key only if it is still our claim (a
         newer version another node wrote there meanwhile stays)."""
-        for _ in range(8):
-            entry, etag = await self._current_entry(inode, old_key)
-            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
-                raise FsError.enoent(f"{old_key} is being renamed by another node")
-            self._adopt_newer(inode, entry, etag)
-            claim = self._entry_of(inode)
-            claim.moving_to, claim.moving_at = new_key, time.time()
-            try:
-                claim_etag = await self._store(
-                    functools.partial(self.store.put, old_key, claim.to_json(),
-                                      if_match=etag))
-                break
-            except PreconditionFailed:
-                continue  # changed under us: read it again
-        else:
-            raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
+        claim_etag = await self._claim(inode, old_key, new_key)
         moved = self._entry_of(inode)
         moved.staged = moved.staged and not seals
         body = moved.to_json()
@@ -1462,7 +1865,28 @@ class Filesystem:
             raise
         await self._delete_claimed(old_key, claim_etag)
         self.ns.journal_done(seq)
-        inode.remote_etag = new_etag
+        if not inode.link_id:   # a linked inode's ETag is its inode object's
+            inode.remote_etag = new_etag
+
+    async def _claim(self, inode: Inode, old_key: str, new_key: str) -> str:
+        """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
+        version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
+        claim's ETag."""
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            if not inode.link_id:
+                self._adopt_newer(inode, entry, etag)
+            claim = self._entry_of(inode)
+            claim.moving_to, claim.moving_at = new_key, time.time()
+            try:
+                return await self._store(
+                    functools.partial(self.store.put, old_key, claim.to_json(),
+                                      if_match=etag))
+            except PreconditionFailed:
+                continue  # changed under us: read it again
+        raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
 
     async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
         try:
@@ -1472,9 +1896,11 @@ class Filesystem:
             log.info("%s was written again by another node during a rename: that newer "
                      "version stays under the old name", old_key)
 
-    async def _current_entry(self, inode: Inode, key: str) -> tuple[Entry, str]:
+    async def _current_entry(self, inode: Inode, key: str,
+                             allow_link: bool = False) -> tuple[Entry, str]:
         """The store's entry for a name this node has, checked to be the same object
-        (a directory with the same id, an entry of the same type)."""
+        (a directory with the same id, an entry of the same type, a link to the same
+        inode object; with ``allow_link`` any link, for an inode not linked here yet)."""
         try:
             body, etag = await self._store(self.store.get, key)
         except NotFound:
@@ -1484,6 +1910,12 @@ class Filesystem:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry as exc:
             raise FsError(errno.EIO, f"corrupt entry {key}: {exc}") from None
+        if entry.type == "link":
+            if (inode.link_id and entry.link == inode.link_id) or \
+                    (allow_link and not inode.link_id):
+                return entry, etag
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} now names another object")
         if entry.type != inode.type or (inode.type == "dir" and entry.id != inode.dir_id):
             self._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} now names another object")
@@ -1496,6 +1928,8 @@ class Filesystem:
         if etag == inode.remote_etag:
             return
         inode.remote_etag = etag
+        if inode.link_id:
+            inode.remote_nlink = entry.nlink
         if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
             inode.chunks, inode.size = list(entry.chunks), entry.size
             inode.mtime_ns = entry.mtime_ns
@@ -1511,7 +1945,7 @@ class Filesystem:
         on the ETag we know: if another node changed it meanwhile we take its version
         and apply ours again; if it was renamed or removed, ENOENT — never resurrect an
         old name, never overwrite a newer file version with a stale one."""
-        key = entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+        key = self._key_of(inode)
         etag = inode.remote_etag
         for _ in range(8):
             if etag is None:
@@ -1521,8 +1955,8 @@ class Filesystem:
                 self._adopt_newer(inode, entry, etag)
             try:
                 inode.remote_etag = await self._store(
-                    functools.partial(self.store.put, key, self._entry_of(inode).to_json(),
-                                      if_match=etag))
+                    functools.partial(self.store.put, key,
+                                      self._content_entry(inode).to_json(), if_match=etag))
                 inode.published = True
                 self.ns.save(inode)
                 return
@@ -1569,7 +2003,7 @@ class Filesystem:
             if not inode.published and inode.parent:
                 log.warning("%s was open for writing when the daemon stopped and never "
                             "closed: removed", self._path_for_log(inode))
-                self.ns.unlink(inode)
+                self.ns.unlink(inode, all_names=True)
             self._restore_size(inode)
         for ino, ver in self.staging.versions():
             if (ino, ver) not in closed:
@@ -1599,6 +2033,10 @@ class Filesystem:
                     await self._store(self.store.delete, record["delete"])
                 self.ns.journal_done(seq)
                 log.info("finished an interrupted rename to %s", record["put"])
+            elif op == "exchange":
+                await self._finish_exchange(record["steps"])
+                self.ns.journal_done(seq)
+                log.info("finished an interrupted exchange")
             elif op == "publish":   # written by versions before the pending index
                 self.ns.journal_done(seq)
                 inode = self.ns.maybe_get(record["ino"])

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 XATTR_STATE = b"user.ckptfs.state"
 XATTR_STATS = b"user.ckptfs.stats"
 XATTR_CONTROL = b"user.ckptfs.control"
+XATTR_OURS = b"user.ckptfs."
 
 
 def _errors(fn):
@@ -35,7 +36,8 @@ def _errors(fn):
         except pyfuse3.FUSEError:
             raise
         except FsError as exc:
-            if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA):
+            if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA,
+                                 errno.ENAMETOOLONG):
                 log.info("%s: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except trio.Cancelled:
@@ -67,10 +69,10 @@ class FuseOps(pyfuse3.Operations):
         a.entry_timeout = self.ttl
         a.attr_timeout = self.ttl
         a.st_mode = inode.st_mode
-        a.st_nlink = 2 if inode.type == "dir" else 1
+        a.st_nlink = self.fs.nlink(inode)
         a.st_uid = inode.uid
         a.st_gid = inode.gid
-        a.st_rdev = 0
+        a.st_rdev = inode.rdev
         a.st_size = inode.size
         a.st_blksize = 1 << 20
         a.st_blocks = (inode.size + 511) // 512
@@ -112,7 +114,8 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        raise FsError(errno.ENOTSUP, "only regular files, directories and symlinks")
+        return self._attrs(await self.fs.mknod(parent_inode, name, mode, rdev, ctx.uid,
+                                               ctx.gid))
 
     @_errors
     async def mkdir(self, parent_inode, name, mode, ctx):
@@ -136,7 +139,7 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise FsError(errno.ENOTSUP, "hard links are not supported")
+        return self._attrs(await self.fs.link(inode, new_parent_inode, new_name))
 
     # -------------------------------------------------------------- files
 
@@ -226,16 +229,21 @@ class FuseOps(pyfuse3.Operations):
             return json.dumps(self.fs.stats(), sort_keys=True).encode()
         if name == XATTR_CONTROL:
             return self.control_path.encode()
-        raise FsError(errno.ENODATA)
+        return self.fs.getxattr(inode, name)
 
     @_errors
     async def listxattr(self, inode, ctx):
-        return []  # our attributes are readable by name but not listed (cp -a stays quiet)
+        # user.ckptfs.* are readable by name but not listed (cp -a stays quiet).
+        return self.fs.listxattr(inode)
 
     @_errors
     async def setxattr(self, inode, name, value, ctx):
-        raise FsError(errno.ENOTSUP, "extended attributes are not stored")
+        if name.startswith(XATTR_OURS):
+            raise FsError(errno.EPERM, "user.ckptfs.* is ckptfs's read-only status")
+        await self.fs.setxattr(inode, name, value)
 
     @_errors
     async def removexattr(self, inode, name, ctx):
-        raise FsError(errno.ENOTSUP, "extended attributes are not stored")
+        if name.startswith(XATTR_OURS):
+            raise FsError(errno.EPERM, "user.ckptfs.* is ckptfs's read-only status")
+        await self.fs.setxattr(inode, name, None)

@@ -305,7 +305,7 @@ class GuardedStore:
         self.url = inner.url
 
     def _guard(self, key: str, data: bytes) -> None:
-        if key.startswith("dirs/"):
+        if key.startswith(("dirs/", "inodes/")):   # entries and inode objects (0008)
             chunks = entry_chunks(data)
             if chunks:
                 self.liveness.guard_entry(chunks)

@@ -7,6 +7,7 @@ S3QL discipline).  It knows nothing of file bytes, of the object store, or of FU
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import stat
@@ -38,10 +39,15 @@ def _s2b(s: str | None) -> bytes | None:
     return None if s is None else s.encode("utf-8", "surrogateescape")
 
 
+_TYPE_BITS = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK,
+              "fifo": stat.S_IFIFO, "chr": stat.S_IFCHR, "blk": stat.S_IFBLK,
+              "sock": stat.S_IFSOCK}
+
+
 @dataclass
 class Inode:
     ino: int
-    type: str                       # "file" | "dir" | "symlink"
+    type: str                       # "file" | "dir" | "symlink" | "fifo" | "chr" | "blk" | "sock"
     mode: int                       # permission bits only
     uid: int = 0
     gid: int = 0
@@ -62,11 +68,30 @@ class Inode:
     target: bytes | None = None     # symlinks
     listed_at: float = 0.0          # directories: wall time of the last remote listing
     staged: bool = False            # directories: a checkpoint not yet sealed (unlisted)
+    rdev: int = 0                   # character and block devices
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)    # user.* attributes
+    # Hard links (decision 0008): names beyond ``parent``/``name``; the id of the shared
+    # inode object in the store once the inode has had a second name; the link count
+    # that object holds (names on other nodes' directories count too).
+    aliases: list[tuple[int, bytes]] = field(default_factory=list)
+    link_id: str | None = None
+    remote_nlink: int = 0
+    links_pending: bool = False     # link entries not yet written (first publish does)
 
     @property
     def st_mode(self) -> int:
-        bits = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}[self.type]
-        return bits | self.mode
+        return _TYPE_BITS[self.type] | self.mode
+
+    @property
+    def names(self) -> list[tuple[int, bytes]]:
+        return ([(self.parent, self.name)] if self.parent else []) + list(self.aliases)
+
+    @property
+    def nlink(self) -> int:
+        """Names of a non-directory: 0 once unlinked (an open file lives on)."""
+        if not self.parent:
+            return 0
+        return max(1 + len(self.aliases), self.remote_nlink if self.link_id else 0)
 
     @property
     def published_size(self) -> int:
@@ -76,6 +101,9 @@ class Inode:
         doc = asdict(self)
         doc["name"] = _b2s(self.name)
         doc["target"] = _b2s(self.target)
+        doc["xattrs"] = {base64.b64encode(k).decode(): base64.b64encode(v).decode()
+                         for k, v in self.xattrs.items()}
+        doc["aliases"] = [[p, _b2s(n)] for p, n in self.aliases]
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -85,6 +113,9 @@ class Inode:
         doc["target"] = _s2b(doc["target"])
         doc["chunks"] = [tuple(c) for c in doc["chunks"]]
         doc.setdefault("staged", False)
+        doc["xattrs"] = {base64.b64decode(k): base64.b64decode(v)
+                         for k, v in doc.get("xattrs", {}).items()}
+        doc["aliases"] = [(p, _s2b(n)) for p, n in doc.get("aliases", [])]
         return cls(**doc)
 
 
@@ -104,8 +135,12 @@ class Namespace:
         self.db_meta = self.env.open_db(b"meta")
         self.db_dir_ids = self.env.open_db(b"dir_ids")      # directory id -> inode
         self.db_publish = self.env.open_db(b"pending_publish")   # inode -> closed, unpublished
+        self.db_link_ids = self.env.open_db(b"link_ids")    # shared inode object id -> inode
         self._cache: dict[int, Inode] = {}
         self._staged: set[int] | None = None   # staged directories, indexed on first use
+        # Subdirectories per directory (its link count), counted once, then kept up to
+        # date by every dentry change below.
+        self._subdirs: dict[int, int] = {}
         with self.env.begin(write=True) as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
                 now = time.time_ns()
@@ -164,9 +199,53 @@ class Namespace:
             txn.put(_k(parent) + name, _k(ino), db=self.db_dentries)
             if inode.dir_id:
                 txn.put(inode.dir_id.encode(), _k(ino), db=self.db_dir_ids)
+            if inode.link_id:
+                txn.put(inode.link_id.encode(), _k(ino), db=self.db_link_ids)
         self._cache[ino] = inode
         self._index(inode)
+        self._count(parent, inode, +1)
         return inode
+
+    def _count(self, parent: int, inode: Inode, delta: int) -> None:
+        if inode.type == "dir" and parent in self._subdirs:
+            self._subdirs[parent] += delta
+
+    def subdirs(self, ino: int) -> int:
+        """How many subdirectories a directory has (for its link count)."""
+        count = self._subdirs.get(ino)
+        if count is None:
+            count = 0
+            for _, child in self.children(ino):
+                inode = self.maybe_get(child)
+                if inode is not None and inode.type == "dir":
+                    count += 1
+            self._subdirs[ino] = count
+        return count
+
+    def ino_of_link_id(self, link_id: str) -> int | None:
+        """The inode this node holds for a shared inode object, if any."""
+        with self.env.begin() as txn:
+            raw = txn.get(link_id.encode(), db=self.db_link_ids)
+        return None if raw is None else _U64.unpack(raw)[0]
+
+    def set_link_id(self, inode: Inode, link_id: str) -> None:
+        with self.env.begin(write=True) as txn:
+            inode.link_id = link_id
+            txn.put(link_id.encode(), _k(inode.ino), db=self.db_link_ids)
+            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._cache[inode.ino] = inode
+
+    def add_name(self, inode: Inode, parent: int, name: bytes) -> None:
+        """A further name (hard link) for a non-directory inode."""
+        with self.env.begin(write=True) as txn:
+            txn.put(_k(parent) + name, _k(inode.ino), db=self.db_dentries)
+            if inode.parent:
+                inode.aliases.append((parent, name))
+            else:
+                inode.parent, inode.name = parent, name
+            inode.ctime_ns = time.time_ns()
+            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._cache[inode.ino] = inode
 
     def ino_of_dir_id(self, dir_id: str) -> int | None:
         """The inode this node holds for a directory id, if any."""
@@ -182,9 +261,14 @@ class Namespace:
                 key = inode.dir_id.encode()
                 if txn.get(key, db=self.db_dir_ids) == _k(ino):
                     txn.delete(key, db=self.db_dir_ids)
+            if inode is not None and inode.link_id:
+                key = inode.link_id.encode()
+                if txn.get(key, db=self.db_link_ids) == _k(ino):
+                    txn.delete(key, db=self.db_link_ids)
         self._cache.pop(ino, None)
         if self._staged is not None:
             self._staged.discard(ino)
+        self._subdirs.pop(ino, None)
 
     def all_inodes(self) -> Iterator[Inode]:
         with self.env.begin() as txn:
@@ -244,24 +328,70 @@ class Namespace:
             cur = txn.cursor(db=self.db_dentries)
             return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
 
-    def unlink(self, inode: Inode) -> None:
-        """Remove the dentry of ``inode`` (the inode record is kept)."""
+    def unlink(self, inode: Inode, parent: int | None = None, name: bytes | None = None,
+               all_names: bool = False) -> None:
+        """Remove one dentry of ``inode`` (by default its first name; every name with
+        ``all_names``).  The inode record is kept; ``parent`` is 0 once no name is left."""
+        if parent is None:
+            parent, name = inode.parent, inode.name
+        assert name is not None
         with self.env.begin(write=True) as txn:
-            txn.delete(_k(inode.parent) + inode.name, db=self.db_dentries)
-            inode.parent = 0
+            gone = inode.names if all_names else [(parent, name)]
+            for p, n in gone:
+                if txn.get(_k(p) + n, db=self.db_dentries) == _k(inode.ino):
+                    txn.delete(_k(p) + n, db=self.db_dentries)
+                self._count(p, inode, -1)
+            if all_names or (parent, name) == (inode.parent, inode.name):
+                if inode.aliases and not all_names:
+                    inode.parent, inode.name = inode.aliases.pop(0)
+                else:
+                    inode.parent, inode.aliases = 0, []
+            elif (parent, name) in inode.aliases:
+                inode.aliases.remove((parent, name))
+            if inode.parent:
+                inode.ctime_ns = time.time_ns()
             txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
         self._index(inode)
 
-    def move(self, inode: Inode, new_parent: int, new_name: bytes) -> None:
-        """Point ``new_parent/new_name`` at inode (replacing any dentry there)."""
+    def move(self, inode: Inode, new_parent: int, new_name: bytes,
+             old: tuple[int, bytes] | None = None) -> None:
+        """Point ``new_parent/new_name`` at inode (replacing any dentry there), moving
+        the name ``old`` (default: its first name)."""
+        old = old or (inode.parent, inode.name)
         with self.env.begin(write=True) as txn:
-            if inode.parent:
-                txn.delete(_k(inode.parent) + inode.name, db=self.db_dentries)
+            replaced = txn.get(_k(new_parent) + new_name, db=self.db_dentries)
+            if replaced is not None and replaced != _k(inode.ino):
+                self._subdirs.pop(new_parent, None)
+            if old[0]:
+                txn.delete(_k(old[0]) + old[1], db=self.db_dentries)
+                self._count(old[0], inode, -1)
             txn.put(_k(new_parent) + new_name, _k(inode.ino), db=self.db_dentries)
-            inode.parent, inode.name = new_parent, new_name
+            self._count(new_parent, inode, +1)
+            if old in inode.aliases:
+                inode.aliases[inode.aliases.index(old)] = (new_parent, new_name)
+            else:
+                inode.parent, inode.name = new_parent, new_name
             inode.ctime_ns = time.time_ns()
             txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
         self._index(inode)
+
+    def exchange(self, a: Inode, a_name: tuple[int, bytes], b: Inode,
+                 b_name: tuple[int, bytes]) -> None:
+        """Swap two dentries (RENAME_EXCHANGE) in one transaction."""
+        with self.env.begin(write=True) as txn:
+            txn.put(_k(a_name[0]) + a_name[1], _k(b.ino), db=self.db_dentries)
+            txn.put(_k(b_name[0]) + b_name[1], _k(a.ino), db=self.db_dentries)
+            for inode, old, new in ((a, a_name, b_name), (b, b_name, a_name)):
+                self._count(old[0], inode, -1)
+                self._count(new[0], inode, +1)
+                if old in inode.aliases:
+                    inode.aliases[inode.aliases.index(old)] = new
+                else:
+                    inode.parent, inode.name = new
+                inode.ctime_ns = time.time_ns()
+                txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._index(a)
+        self._index(b)
 
     def path_of(self, ino: int) -> bytes:
         parts = []

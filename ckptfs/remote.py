@@ -8,6 +8,8 @@ FUSE or how bytes are moved.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import stat
@@ -22,7 +24,18 @@ FORMAT_VERSION = 1
 MAX_CHUNK_SIZE = 64 << 20
 _DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-_TYPES = ("file", "dir", "symlink")
+# Special files (FIFOs, devices, sockets) are metadata-only entries (issue 10); "link"
+# names a hard-linked file whose content lives in ``inodes/<id>`` (decision 0008).
+SPECIAL_TYPES = ("fifo", "chr", "blk", "sock")
+_TYPES = ("file", "dir", "symlink", "link") + SPECIAL_TYPES
+TYPE_BITS = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK,
+             "fifo": stat.S_IFIFO, "chr": stat.S_IFCHR, "blk": stat.S_IFBLK,
+             "sock": stat.S_IFSOCK}
+TYPE_OF_BITS = {bits: kind for kind, bits in TYPE_BITS.items()}
+MAX_RDEV = (1 << 32) - 1           # the kernel's dev_t as FUSE carries it
+# ``user.*`` extended attributes ride in the entry; bounded so entries stay small.
+XATTR_NAME_MAX = 255
+XATTR_TOTAL_MAX = 64 << 10         # names + values of one entry
 
 
 # A name's encoded key component becomes a file name in a LocalStore (255 bytes on
@@ -59,6 +72,11 @@ def chunk_key(sha: str) -> str:
     return f"chunks/{sha[:2]}/{sha}"
 
 
+def inode_key(link_id: str) -> str:
+    """The shared inode object of a hard-linked file (decision 0008)."""
+    return f"inodes/{link_id}"
+
+
 def dir_prefix(dir_id: str) -> str:
     return f"dirs/{dir_id}/"
 
@@ -84,6 +102,12 @@ def encode_name(name: bytes) -> str:
 
 
 def decode_name(component: str) -> bytes:
+    name = unescape(component)
+    check_name(name)
+    return name
+
+
+def unescape(component: str) -> bytes:
     out = bytearray()
     i = 0
     while i < len(component):
@@ -97,9 +121,18 @@ def decode_name(component: str) -> bytes:
         else:
             out += ch.encode("utf-8")
             i += 1
-    name = bytes(out)
-    check_name(name)
-    return name
+    return bytes(out)
+
+
+def check_xattr_name(name: bytes) -> None:
+    """A storable extended attribute name: ``user.*``, not our own status namespace."""
+    if not name.startswith(b"user.") or name.startswith(b"user.ckptfs.") \
+            or len(name) > XATTR_NAME_MAX or b"\0" in name or name == b"user.":
+        raise BadEntry(f"invalid xattr name {name!r}")
+
+
+def xattrs_size(xattrs: dict[bytes, bytes]) -> int:
+    return sum(len(k) + len(v) for k, v in xattrs.items())
 
 
 def check_name(name: bytes) -> None:
@@ -125,6 +158,10 @@ class Entry:
     # when the move was claimed (the claiming node's wall clock).
     moving_to: str | None = None
     moving_at: float = 0.0
+    rdev: int = 0                   # character and block devices
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)   # user.* only
+    link: str | None = None         # "link" entries: the id of the shared inode object
+    nlink: int = 1                  # inode objects: how many names point at them
 
     def claim_is_live(self, now: float, ttl: float) -> bool:
         return self.moving_to is not None and now - self.moving_at < ttl
@@ -146,6 +183,15 @@ class Entry:
         if self.type == "symlink":
             assert self.target is not None
             doc["target"] = self.target.decode("utf-8", "surrogateescape")
+        if self.type in ("chr", "blk"):
+            doc["rdev"] = self.rdev
+        if self.type == "link":
+            doc["inode"] = self.link
+        if self.nlink != 1:
+            doc["nlink"] = self.nlink
+        if self.xattrs:
+            doc["xattrs"] = {encode_name(k): base64.b64encode(v).decode()
+                             for k, v in sorted(self.xattrs.items())}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -199,14 +245,51 @@ class Entry:
             if not isinstance(dir_id, str) or not _DIR_ID_RE.match(dir_id) or dir_id == ROOT_DIR_ID:
                 raise BadEntry(f"bad directory id {dir_id!r}")
             entry.id = dir_id
-        else:
+        elif kind == "symlink":
             target = doc.get("target")
             if not isinstance(target, str) or not target or "\0" in target or len(target) > 4096:
                 raise BadEntry("bad symlink target")
             entry.target = target.encode("utf-8", "surrogateescape")
+        elif kind == "link":
+            link = doc.get("inode")
+            if not isinstance(link, str) or not _LINK_ID_RE.match(link):
+                raise BadEntry(f"bad inode id {link!r}")
+            entry.link = link
+        elif kind in ("chr", "blk"):
+            rdev = doc.get("rdev", 0)
+            if not isinstance(rdev, int) or isinstance(rdev, bool) or not 0 <= rdev <= MAX_RDEV:
+                raise BadEntry(f"bad rdev {rdev!r}")
+            entry.rdev = rdev
+        if kind in SPECIAL_TYPES and (entry.size or entry.chunks):
+            raise BadEntry(f"a {kind} entry has no content")
+        nlink = doc.get("nlink", 1)
+        if not isinstance(nlink, int) or isinstance(nlink, bool) or not 0 <= nlink < 1 << 32:
+            raise BadEntry(f"bad nlink {nlink!r}")
+        entry.nlink = nlink
+        entry.xattrs = _xattrs_from_json(doc.get("xattrs", {}))
         return entry
 
     @property
     def st_mode(self) -> int:
-        kind_bits = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}
-        return kind_bits[self.type] | self.mode
+        return TYPE_BITS[self.type] | self.mode
+
+
+_LINK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _xattrs_from_json(raw: object) -> dict[bytes, bytes]:
+    if not isinstance(raw, dict):
+        raise BadEntry("xattrs is not an object")
+    out: dict[bytes, bytes] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not isinstance(value, str) or len(value) > 2 * XATTR_TOTAL_MAX:
+            raise BadEntry("bad xattr")
+        name = unescape(key)
+        check_xattr_name(name)
+        try:
+            out[name] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadEntry(f"bad xattr value for {name!r}") from None
+    if xattrs_size(out) > XATTR_TOTAL_MAX:
+        raise BadEntry("xattrs too large")
+    return out

@@ -80,3 +80,42 @@ def test_check_key_fits_counts_escapes():
     for name in (b"%" * 86, b"%" * 240, b"\x01" * 100, b"\xff" * 90):
         with pytest.raises(KeyTooLong, match=f"limit {MAX_KEY_COMPONENT}"):
             check_key_fits("0" * 32, name)
+
+
+def special(kind, **over):
+    doc = {"v": 1, "type": kind, "mode": 0o644, "uid": 0, "gid": 0, "mtime_ns": 1}
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chr", "blk", "sock"])
+def test_special_entries_round_trip(kind):
+    rdev = 0x10203 if kind in ("chr", "blk") else 0
+    e = Entry.from_json(special(kind, rdev=rdev), max_chunk=8 << 20)
+    assert (e.type, e.rdev, e.size, e.chunks) == (kind, rdev, 0, [])
+    assert Entry.from_json(e.to_json(), max_chunk=8 << 20) == e
+
+
+def test_entries_keep_user_xattrs_and_links():
+    e = Entry(type="file", mode=0o600, xattrs={b"user.a": b"\x00\xff", b"user.%/x": b""})
+    again = Entry.from_json(e.to_json(), max_chunk=8 << 20)
+    assert again.xattrs == e.xattrs
+    link = Entry.from_json(special("link", inode="b" * 32), max_chunk=8 << 20)
+    assert (link.type, link.link) == ("link", "b" * 32)
+    inode = Entry.from_json(entry(nlink=3), max_chunk=8 << 20)
+    assert inode.nlink == 3
+
+
+@pytest.mark.parametrize("body", [
+    special("chr", rdev=-1), special("blk", rdev=1 << 40), special("chr", rdev="1"),
+    special("fifo", size=10), special("sock", chunks=[[SHA, 10]], size=10),
+    special("link"), special("link", inode="../../x"), special("link", inode="B" * 32),
+    entry(nlink=-1), entry(nlink=True),
+    entry(xattrs=[]), entry(xattrs={"trusted.x": ""}), entry(xattrs={"user.ckptfs.state": ""}),
+    entry(xattrs={"user.x": "not base64!"}), entry(xattrs={"user.x": 5}),
+    entry(xattrs={"user." + "n" * 300: ""}),
+    entry(xattrs={f"user.{i}": "A" * 8000 for i in range(12)}),
+])
+def test_bad_new_fields_refused(body):
+    with pytest.raises(BadEntry):
+        Entry.from_json(body, max_chunk=8 << 20)
