@@ -713,6 +713,11 @@ class Filesystem:
         self._touch_dir(parent)
         inode = self.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
                                   size=len(target))
+        return await self._publish_new_name(inode, parent)
+
+    async def _publish_new_name(self, inode: Inode, parent: int) -> Inode:
+        """Put the entry of a name that has no data (symlink, special file, empty file):
+        if the store refuses, the name goes again."""
         try:
             await self._put_entry(inode)
         except BaseException:
@@ -739,14 +744,7 @@ class Filesystem:
         self._dir(parent)
         self._touch_dir(parent)
         inode = self.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
-        try:
-            await self._put_entry(inode)
-        except BaseException:
-            self.ns.unlink(inode)
-            self.ns.delete_inode(inode.ino)
-            raise
-        self._mark_parent_changed(self.ns.get(parent))
-        return inode
+        return await self._publish_new_name(inode, parent)
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
                      opener: Opener) -> tuple[Handle, Inode]:
