@@ -17,7 +17,7 @@ import stat
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -1686,18 +1686,9 @@ class Filesystem:
         seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
         # A listing of either directory applied while the two store steps are under way
         # would see the old name gone and forget it: mark both busy until the move.
-        busy = {old_parent, new_parent}
-        for d in busy:
-            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
-        try:
+        with self._dirs_busy({old_parent, new_parent}):
             await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals,
                                       old=(old_parent, old_name))
-        finally:
-            for d in busy:
-                self._busy_dirs[d] -= 1
-                if not self._busy_dirs[d]:
-                    del self._busy_dirs[d]
-                self._touch_dir(d)
         self._drop_rt(inode.ino)
         # A completion mark written as a temp file and renamed into place (DCP's
         # .metadata) seals like a mark closed in place.
@@ -1727,12 +1718,8 @@ class Filesystem:
                 ancestor = self.ns.get(ancestor).parent
         for inode in (a, b):
             if inode.type == "dir":
-                while self._pending_under(inode.ino):
-                    await trio.sleep(0.05)
-        busy = {a_parent, b_parent}
-        for d in busy:
-            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
-        try:
+                await self._wait_uploads_under(inode.ino)
+        with self._dirs_busy({a_parent, b_parent}):
             async with AsyncExitStack() as locks:
                 for ino in sorted((a.ino, b.ino)):
                     await locks.enter_async_context(self._rt(ino).lock)
@@ -1769,12 +1756,6 @@ class Filesystem:
                 self._mark_parent_changed(self.ns.get(a_parent))
                 if b_parent != a_parent:
                     self._mark_parent_changed(self.ns.get(b_parent))
-        finally:
-            for d in busy:
-                self._busy_dirs[d] -= 1
-                if not self._busy_dirs[d]:
-                    del self._busy_dirs[d]
-                self._touch_dir(d)
         self._drop_rt(a.ino)
         self._drop_rt(b.ino)
 
@@ -1799,6 +1780,22 @@ class Filesystem:
                                                 if_match=if_match))
         except (FsError, PreconditionFailed) as exc:
             log.warning("could not release the claim on %s (%s): it expires", key, exc)
+
+    @contextmanager
+    def _dirs_busy(self, dirs: set[int]):
+        """Directories a rename is changing: a listing applied while its store steps
+        are under way would see a name gone and forget it, so refresh leaves them alone
+        (and sees them changed afterwards)."""
+        for d in dirs:
+            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
+        try:
+            yield
+        finally:
+            for d in dirs:
+                self._busy_dirs[d] -= 1
+                if not self._busy_dirs[d]:
+                    del self._busy_dirs[d]
+                self._touch_dir(d)
 
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
                              new_name: bytes, target: Inode | None, seals: bool = True,
