@@ -85,6 +85,9 @@ class SeaweedServer:
             weed_binary(), "mini",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+            # The Iceberg and Lance catalogs listen on default ports of their own, which
+            # two servers started at once (two test workers) race for: off.
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-dir={self.data_dir / 'data'}",
             f"-s3.config={config}",
         ]
