@@ -403,6 +403,11 @@ def cmd_commit(path: Path) -> int:
                           + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
                           + "; it completes by itself, `ckptfs status` shows it")
                     return 3
+                if reply.get("journaled"):
+                    print(f"ckptfs: seal journaled (async mode): {path} appears sealed on "
+                          f"every node once the uploads below it are in the store; "
+                          f"`ckptfs wait` waits for that")
+                    return 0
                 print(f"ckptfs: {'sealed' if reply['sealed'] else 'already visible'}: {path}")
                 return 0
     except ConnectionError as exc:

@@ -310,7 +310,7 @@ class Daemon:
                 self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
                                               self.config.stale_staged_after)
                 try:
-                    await nursery.start(fs.queue.run)
+                    await nursery.start(fs.run)
                     await fs.start()
                     fs.leases.restore()
                     await nursery.start(fs.leases.run)
@@ -323,16 +323,16 @@ class Daemon:
                 finally:
                     self._terminated = True
                     pyfuse3.close(unmount=True)
-                if fs.queue.active():
+                if fs.unfinished():
                     if self._stop_at is None:      # unmounted from outside (fusermount -u)
                         self._stop_at = trio.current_time() + self.config.stop_timeout
                     log.info("unmounted %s; finishing %d pending upload(s) for at most "
-                             "%.0f s", opts.mountpoint, len(fs.queue.active()),
+                             "%.0f s", opts.mountpoint, fs.unfinished(),
                              max(0.0, self._stop_at - trio.current_time()))
                     await self._drain(self._stop_at)
                 else:
                     log.info("unmounted %s", opts.mountpoint)
-                left = len(fs.queue.queued)
+                left = fs.pending_uploads()
                 if left:
                     log.warning("%d upload(s) not finished stay journaled in %s; the next "
                                 "mount resumes them", left, opts.state_dir)
@@ -396,7 +396,7 @@ class Daemon:
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                pending = len(self.fs.queue.queued) if self.fs else 0
+                pending = self.fs.pending_uploads() if self.fs else 0
                 if not self._shutdown.is_set():
                     timeout = self.config.stop_timeout
                     log.info("signal %d: unmounting after %d pending upload(s), waiting at "
@@ -426,11 +426,11 @@ class Daemon:
             try:
                 if self._stop_now.is_set():
                     scope.cancel()
-                while fs.queue.active():
+                while fs.unfinished():
                     if progress is not None:
                         await progress()
                     with trio.move_on_after(1):
-                        await fs.queue.wait_idle()
+                        await fs.wait_idle()
             finally:
                 self._drains.discard(scope)
 
@@ -443,7 +443,7 @@ class Daemon:
             inode = fs.ns.maybe_get(ino)
             if inode is not None:
                 total += inode.size
-        return {"pending_uploads": len(fs.queue.queued), "pending_bytes": total,
+        return {"pending_uploads": fs.pending_uploads(), "pending_bytes": total,
                 "failing": {str(k): v for k, v in fs.queue.failing.items()}}
 
     async def _shutdown_when_asked(self) -> None:
@@ -512,10 +512,10 @@ class Daemon:
                 await send({"ok": True, "stale_staged_after": self.config.stale_staged_after,
                             "staged": [d.to_json() for _, d in self.stale.scan()]})
             elif command == "wait":
-                while fs.queue.active():
+                while fs.unfinished():
                     await send(self._pending())
                     with trio.move_on_after(1):
-                        await fs.queue.wait_idle()
+                        await fs.wait_idle()
                 if fs.queue.failed:
                     first = next(iter(fs.queue.failed.values()))
                     await send({"error": f"{len(fs.queue.failed)} upload(s) failed for good "
@@ -539,7 +539,7 @@ class Daemon:
 
                 await self._drain(deadline, progress)
                 self._stop_at = min(deadline, trio.current_time())
-                await send({"ok": True, "done": True, "journaled": len(fs.queue.queued),
+                await send({"ok": True, "done": True, "journaled": fs.pending_uploads(),
                             "failed": len(fs.queue.failed),
                             "state_dir": str(self.opts.state_dir)})
                 self._shutdown.set()
@@ -569,6 +569,7 @@ class Daemon:
             await send({"error": f"{path}: {os.strerror(exc.errno)}"})
             return
         await send({"done": True, "ok": True, "sealed": sealed,
+                    "journaled": fs.oplog.pending_of("seal", inode.ino),
                     "pending": fs.leases.pending_of(inode.ino)})
 
     async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:

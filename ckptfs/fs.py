@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import trio
 from .errors import FsError
 from .leases import LeaseManager
 from .namespace import ROOT_INO, Inode, Namespace
+from .oplog import MetaLog, OpDropped
 from .procstat import Opener, died_unclean, holds_for_writing
 from .profiles import Profiles
 from .liveness import ChunkLiveness, GuardedStore
@@ -154,11 +156,34 @@ class Filesystem:
             ns.chunk_mark,
             slot=self._background_slot if config.durability == "async" else None)
         self._trickle = trio.CapacityLimiter(1)
-        self.queue = PublishQueue(self._publish_from_queue)
+        # Async mode's metadata log (decision 0009) and the epochs of pending publishes.
+        self.oplog = MetaLog(ns, on_done=self._meta_done)
+        self._publish_epoch: dict[int, int] = {}
+        self._recovered = trio.Event()     # set by start(): the log replays after recovery
+        self.queue = PublishQueue(self._publish_from_queue, ready=self._publish_ready)
         self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
                                    lambda ino: getattr(self.runtime.get(ino), "session", None)
                                    is not None,
                                    lambda ino: ino in self.queue.queued, self.seal)
+        if self._deferred():
+            self.leases.open_wait = config.stale_wait
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The background workers: the publish queue and the metadata log."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.queue.run)
+            await nursery.start(self.oplog.run, self._execute_meta)
+            task_status.started()
+
+    def _deferred(self) -> bool:
+        """Async mode: metadata changes are local first, the store follows in order."""
+        return self.config.durability == "async"
+
+    def _meta_done(self) -> None:
+        self.queue.release_parked()
+
+    def _publish_ready(self, ino: int) -> bool:
+        return self.oplog.done_through(self._publish_epoch.get(ino, 0))
 
     # ------------------------------------------------------------------ helpers
 
@@ -218,10 +243,11 @@ class Filesystem:
             return 2 + self.ns.subdirs(inode.ino)
         return inode.nlink
 
-    async def _store(self, fn, *args):
+    async def _store(self, fn, *args, abandon_on_cancel: bool = False):
         async with self.meta_limiter:
             try:
-                return await trio.to_thread.run_sync(fn, *args)
+                return await trio.to_thread.run_sync(fn, *args,
+                                                     abandon_on_cancel=abandon_on_cancel)
             except (NotFound, PreconditionFailed):
                 raise
             except StoreClosed as exc:   # unmounting: calls in flight are given up
@@ -351,6 +377,10 @@ class Filesystem:
         over a directory), waits for the store and fails with its error."""
         inode = self._dir(ino)
         if not force and time.time() - inode.listed_at < self.config.metadata_ttl:
+            return
+        if self.oplog.is_busy(ino) or (not inode.published and ino != ROOT_INO):
+            # Changes of this node are on their way to the store (oplog.py), or the
+            # directory is not there yet: this node's view is the newer one.
             return
         event = self._refreshing.get(ino)
         if event is None:
@@ -673,15 +703,35 @@ class Filesystem:
         await self._check_absent(parent, name)
         parent_inode = self._dir(parent)
         dir_id = uuid.uuid4().hex
+        if not self._deferred():
+            return await self._mkdir_in_store(parent_inode, name, mode, uid, gid, dir_id)
+        if not self.oplog.pending:
+            # Async mode with nothing journaled ahead: try the store first, briefly, so
+            # two nodes making one directory share it from the start (their leases
+            # then guard its seal); local-first if the store does not answer.
+            try:
+                with trio.move_on_after(self.config.stale_wait):
+                    return await self._mkdir_in_store(parent_inode, name, mode, uid, gid,
+                                                      dir_id, abandon_on_cancel=True)
+            except FsError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+        return await self._mkdir_local(parent_inode, name, mode, uid, gid, dir_id)
+
+    async def _mkdir_in_store(self, parent_inode: Inode, name: bytes, mode: int, uid: int,
+                              gid: int, dir_id: str, abandon_on_cancel: bool = False) -> Inode:
+        parent = parent_inode.ino
         entry = Entry(type="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=time.time_ns(),
                       id=dir_id, staged=self.config.profiles.staged_on_create(name))
         key = entry_key(parent_inode.dir_id, name)
-        created = await self._store(self.store.put_if_absent, key, entry.to_json())
+        created = await self._store(self.store.put_if_absent, key, entry.to_json(),
+                                    abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
         if not created:
             # Another node (or process) won the race: adopt its directory.
             try:
-                body, etag = await self._store(self.store.get, key)
+                body, etag = await self._store(self.store.get, key,
+                                               abandon_on_cancel=abandon_on_cancel)
                 entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except (NotFound, BadEntry) as exc:
                 raise FsError(errno.EIO, f"mkdir race on {key}: {exc}") from None
@@ -701,6 +751,21 @@ class Filesystem:
         self._mark_parent_changed(parent_inode)
         if not created:
             raise FsError(errno.EEXIST)
+        return inode
+
+    async def _mkdir_local(self, parent: Inode, name: bytes, mode: int, uid: int,
+                           gid: int, dir_id: str) -> Inode:
+        """Async mode: the directory exists here at once; the store gets it in log
+        order (``_exec_mkdir``)."""
+        self._touch_dir(parent.ino)
+        inode = self.ns.new_inode(parent.ino, name, "dir", mode & 0o7777, uid, gid,
+                                  dir_id=dir_id, published=False,
+                                  mtime_ns=time.time_ns(),
+                                  staged=self.config.profiles.staged_on_create(name))
+        self._mark_parent_changed(parent)
+        self.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
+                        "name": name.hex()}, dirs=[parent.ino])
+        await self._sync_journal()
         return inode
 
     def _mark_parent_changed(self, parent: Inode) -> None:
@@ -1269,7 +1334,8 @@ class Filesystem:
         if inode.ino in self._held_pointers:
             return   # published when the checkpoints it names are sealed
         if inode.ino not in self.queue.queued:
-            self.ns.publish_pending_add(inode.ino)
+            epoch = self._publish_epoch[inode.ino] = self.oplog.epoch()
+            self.ns.publish_pending_add(inode.ino, epoch)
         self.queue.submit(inode.ino)
 
     async def _sync_journal(self) -> None:
@@ -1340,6 +1406,7 @@ class Filesystem:
 
     def _journal_done_publish(self, ino: int) -> None:
         self.ns.publish_pending_done(ino)
+        self._publish_epoch.pop(ino, None)
 
     async def _publish(self, ino: int) -> bool:
         """Publish the inode's closed version.  True when the inode is clean afterwards;
@@ -1574,15 +1641,19 @@ class Filesystem:
         if inode.type == "dir":
             raise FsError(errno.EISDIR)
         await self._remove(inode, parent, name)
+        if self._deferred():
+            await self._sync_journal()
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.lookup(parent, name)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
-        await self.refresh_dir(inode.ino, force=True)
+        await self.refresh_dir(inode.ino, force=not self._deferred())
         if self.ns.has_children(inode.ino):
             raise FsError(errno.ENOTEMPTY)
         await self._remove(inode, parent, name)
+        if self._deferred():
+            await self._sync_journal()
 
     async def _remove(self, inode: Inode, parent_ino: int, name: bytes) -> None:
         # Under the inode's lock: an entry PUT in flight (a publish) lands first, then
@@ -1593,7 +1664,10 @@ class Filesystem:
             if self.ns.lookup(parent_ino, name) != inode.ino:
                 return
             parent = self.ns.get(parent_ino)
-            if inode.published and not inode.links_pending:
+            if inode.published and not inode.links_pending and self._deferred() \
+                    and not inode.link_id:
+                self._log_delete(inode, parent, name)
+            elif inode.published and not inode.links_pending:
                 await self._store(self.store.delete, entry_key(parent.dir_id, name))
                 if inode.link_id:
                     await self._change_nlink(inode, -1)
@@ -1603,6 +1677,17 @@ class Filesystem:
         self._drop_rt(inode.ino)
         if not inode.parent and not self._is_open(inode.ino):
             self._delete_inode(inode)
+
+    def _log_delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Async mode: the store's entry of a removed name goes in log order, if it is
+        still the object this node removed (``_exec_delete``)."""
+        self.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+                        "name": name.hex(), **self._identity(inode)}, dirs=[parent.ino])
+
+    def _identity(self, inode: Inode) -> dict:
+        """What tells that the store's entry of a name is still ``inode``'s, whatever
+        this node rewrote or moved meanwhile: a directory's id, else the content."""
+        return {"ident": entry_identity(self._content_entry(inode))}
 
     # ------------------------------------------------------------------ hard links
 
@@ -1675,9 +1760,13 @@ class Filesystem:
             if inode.type != "dir" and target.type == "dir":
                 raise FsError(errno.EISDIR)
             if target.type == "dir":
-                await self.refresh_dir(target.ino, force=True)
+                await self.refresh_dir(target.ino, force=not self._deferred())
                 if self.ns.has_children(target.ino):
                     raise FsError(errno.ENOTEMPTY)
+        if self._deferred() and not inode.link_id and \
+                not (target is not None and target.link_id):
+            await self._rename_local(inode, old_parent, old_name, new_parent, new_name)
+            return
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
             await self._wait_uploads_under(inode.ino)
@@ -1695,6 +1784,52 @@ class Filesystem:
         if inode.type == "file" and not inode.dirty:
             await self._seals_after_close(inode, wait=True)
         elif inode.type == "file" and not self._writers(inode.ino):
+            self._seals_after_close(inode, wait=False)
+
+    async def _rename_local(self, inode: Inode, old_parent: int, old_name: bytes,
+                            new_parent: int, new_name: bytes) -> None:
+        """Async mode: the rename happens here at once and never waits for uploads; the
+        store follows in log order (``_exec_move``), after the uploads below a renamed
+        directory, so other nodes see the tree complete under its new name.  Renaming a
+        staged directory seals it there, when the cluster allows (leases)."""
+        target_ino = self.ns.lookup(new_parent, new_name)
+        # The moved inode needs no lock: its record is applied after whatever store step
+        # of it is in flight, and looks at the store then.  The replaced one's publish
+        # in flight lands first, so the record knows to delete it.
+        inos = [target_ino] if target_ino is not None and target_ino != inode.ino else []
+        async with AsyncExitStack() as locks:
+            for ino in inos:
+                await locks.enter_async_context(self._rt(ino).lock)
+            inode = self.ns.get(inode.ino)
+            if not inode.parent or self.ns.lookup(old_parent, old_name) != inode.ino:
+                raise FsError.enoent("removed while renaming")
+            if self.ns.lookup(new_parent, new_name) != target_ino:
+                raise FsError(errno.EAGAIN, "the target changed while renaming")
+            old_dir, new_dir = self.ns.get(old_parent), self._dir(new_parent)
+            record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
+                      "name": old_name.hex(), "to_id": new_dir.dir_id,
+                      "to_name": new_name.hex(), "type": inode.type,
+                      "seals": inode.type == "dir" and inode.staged,
+                      **self._identity(inode), "replaced": None}
+            target_ino = self.ns.lookup(new_parent, new_name)
+            if target_ino is not None and target_ino != inode.ino:
+                replaced = self.ns.get(target_ino)
+                if replaced.published:
+                    record["replaced"] = self._identity(replaced)
+                self.ns.unlink(replaced, new_parent, new_name)
+                if not replaced.parent and not self._is_open(replaced.ino):
+                    self._delete_inode(replaced)
+            self._touch_dir(old_parent)
+            self._touch_dir(new_parent)
+            self.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
+            self._mark_parent_changed(old_dir)
+            if new_parent != old_parent:
+                self._mark_parent_changed(self.ns.get(new_parent))
+            self.oplog.add(record, dirs=[old_parent, new_parent])
+        for ino in inos + [inode.ino]:
+            self._drop_rt(ino)
+        await self._sync_journal()
+        if inode.type == "file" and not self._writers(inode.ino):
             self._seals_after_close(inode, wait=False)
 
     async def _exchange(self, a_parent: int, a_name: bytes, b_parent: int,
@@ -1935,12 +2070,12 @@ class Filesystem:
             self.invalidate(inode.ino)
         self.ns.save(inode)
 
-    async def _rewrite_entry(self, inode: Inode) -> None:
+    async def _rewrite_entry(self, inode: Inode, key: str | None = None) -> None:
         """Rewrite a published entry's metadata (attributes, seal) as a compare-and-swap
         on the ETag we know: if another node changed it meanwhile we take its version
         and apply ours again; if it was renamed or removed, ENOENT — never resurrect an
         old name, never overwrite a newer file version with a stale one."""
-        key = self._key_of(inode)
+        key = key or self._key_of(inode)
         etag = inode.remote_etag
         for _ in range(8):
             if etag is None:
@@ -2006,17 +2141,19 @@ class Filesystem:
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
+        self._recovered.set()
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
         self._restore_held_pointers()
         self._release_pointers()
-        for ino in self.ns.publish_pending():
+        for ino, epoch in self.ns.publish_pending().items():
             inode = self.ns.maybe_get(ino)
             if inode is None or not inode.dirty or \
                     not self.staging.exists(inode.ino, inode.ver):
                 self.ns.publish_pending_done(ino)
                 continue
+            self._publish_epoch[ino] = epoch
             self.queue.submit(ino)
         for seq, record in self.ns.journal():
             op = record.get("op")
@@ -2032,6 +2169,8 @@ class Filesystem:
                 await self._finish_exchange(record["steps"])
                 self.ns.journal_done(seq)
                 log.info("finished an interrupted exchange")
+            elif op == "meta":
+                continue   # async mode's metadata log: its own worker replays it
             elif op == "publish":   # written by versions before the pending index
                 self.ns.journal_done(seq)
                 inode = self.ns.maybe_get(record["ino"])
@@ -2139,6 +2278,8 @@ class Filesystem:
         inode = self.ns.get(ino)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
+        if self._deferred():
+            return await self._seal_later(inode)
         if not await self.leases.may_seal(ino):
             return False  # other nodes still write below it: pending (leases.py)
         await self._wait_uploads_under(ino)
@@ -2155,11 +2296,213 @@ class Filesystem:
                 self.ns.save(inode)
                 raise
         self._drop_rt(ino)
+        self._sealed(inode)
+        return True
+
+    def _sealed(self, inode: Inode) -> None:
         self._touch_dir(inode.parent)
         log.info("sealed %s", self._path_for_log(inode))
         self.invalidate(inode.parent)
         self._release_pointers()
+
+    async def _seal_later(self, inode: Inode) -> bool:
+        """Async mode: journal the seal; the store gets it in log order, after every
+        upload below the directory (``_exec_seal``).  True if a seal is on its way."""
+        if not inode.staged or not inode.parent:
+            return False
+        if self._pending_under(inode.ino, list(self.queue.failed)):
+            raise FsError(errno.EIO, "a file below failed to upload for good (see "
+                                     "`ckptfs status`): the tree is incomplete")
+        if not self.oplog.pending_of("seal", inode.ino):
+            parent = self.ns.get(inode.parent)
+            self.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
+                            "name": inode.name.hex()}, dirs=[inode.parent])
+            await self._sync_journal()
         return True
+
+    # ------------------------------------------------------------------ the metadata log
+
+    async def _execute_meta(self, seq: int, record: dict) -> None:
+        """Apply one record of the metadata log to the store (oplog.py)."""
+        await self._recovered.wait()
+        kind = record.get("kind")
+        if kind == "mkdir":
+            await self._exec_mkdir(record)
+        elif kind == "move":
+            await self._exec_move(seq, record)
+        elif kind == "delete":
+            await self._delete_if_same(self._logged_key(record), record.get("ident"))
+        elif kind == "seal":
+            await self._exec_seal(seq, record)
+        else:
+            raise OpDropped(f"unknown record kind {kind!r}")
+
+    def _logged_key(self, record: dict, dir_field: str = "parent_id",
+                    name_field: str = "name") -> str:
+        return entry_key(self.oplog.resolve(record[dir_field]),
+                         bytes.fromhex(record[name_field]))
+
+    async def _exec_mkdir(self, record: dict) -> None:
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:      # an rmdir meanwhile waits, then sees it
+            inode = self.ns.maybe_get(ino)
+            if inode is None or inode.type != "dir" or inode.published or not inode.parent:
+                return   # removed here before it reached the store: nothing to create
+            created = await self._store(self.store.put_if_absent, key,
+                                        self._content_entry(inode).to_json())
+            if created is not None:
+                inode.published, inode.remote_etag = True, created
+                inode.listed_at = time.time()
+                self.ns.save(inode)
+            else:
+                await self._join_dir(inode, key)
+        self._drop_rt(ino)
+
+    async def _join_dir(self, inode: Inode, key: str) -> None:
+        """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
+        node's own put before a restart): a directory there is joined, with its id."""
+        try:
+            body, etag = await self._store(self.store.get, key)
+        except NotFound:
+            raise FsError(errno.EIO, f"{key} vanished while creating it") from None
+        try:
+            other = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise OpDropped(f"the store's entry {key} is corrupt ({exc})") from None
+        if other.type != "dir":
+            raise OpDropped(f"another node made {key} a {other.type}; this directory "
+                            f"stays on this node only")
+        old_id = inode.dir_id
+        if other.id != old_id:
+            log.info("%s was created by another node too: joined its directory",
+                     self._path_for_log(inode))
+            self.oplog.alias(old_id, other.id)
+            self.ns.change_dir_id(inode, other.id)
+            inode.staged = other.staged
+        inode.published, inode.remote_etag, inode.listed_at = True, etag, 0.0
+        self.ns.save(inode)
+        if other.id != old_id:
+            await self._rehome_children(inode, old_id)
+
+    async def _rehome_children(self, inode: Inode, old_id: str) -> None:
+        """Entries already published under a joined directory's old id move to its
+        new one (files renamed into it before it reached the store)."""
+        for name, child in self.ns.children(inode.ino):
+            async with self._rt(child).lock:
+                child_inode = self.ns.maybe_get(child)
+                if child_inode is None or not child_inode.published:
+                    continue
+                old_key = entry_key(old_id, name)
+                try:
+                    body, _ = await self._store(self.store.get, old_key)
+                except NotFound:
+                    continue
+                new_etag = await self._store(self.store.put, entry_key(inode.dir_id, name),
+                                             body)
+                await self._store(self.store.delete, old_key)
+                if not child_inode.link_id:
+                    child_inode.remote_etag = new_etag
+                    self.ns.save(child_inode)
+            self._drop_rt(child)
+
+    async def _wait_publishes_before(self, seq: int, dir_ino: int) -> None:
+        """Until the uploads below a directory closed before record ``seq`` are in the
+        store (failed-for-good ones excepted: they never will be)."""
+        while True:
+            older = [ino for ino in self.queue.active()
+                     if self._publish_epoch.get(ino, 0) < seq]
+            if not self._pending_under(dir_ino, older):
+                return
+            await trio.sleep(0.05)
+
+    async def _exec_move(self, seq: int, record: dict) -> None:
+        ino = record["ino"]
+        old_key = self._logged_key(record)
+        new_key = self._logged_key(record, "to_id", "to_name")
+        replaced = (record.get("replaced") or {}).get("ident")
+        if record.get("type") == "dir":
+            await self._wait_publishes_before(seq, ino)
+        inode = self.ns.maybe_get(ino)
+        if inode is None or not inode.parent or inode.link_id:
+            # Removed here since: what the store has under the old name goes (its
+            # delete, later in the log, looks under the name it had then).
+            await self._delete_if_same(old_key, record.get("ident"))
+            await self._delete_if_same(new_key, replaced)
+            return
+        seals = bool(record.get("seals")) and inode.staged and \
+            not self._pending_under(ino, list(self.queue.failed))
+        if seals and not await self.leases.may_seal(ino):
+            seals = False    # other nodes still write below it: pending (leases.py)
+        async with self._rt(ino).lock:
+            inode = self.ns.get(ino)
+            try:
+                await self._move_entry(inode, old_key, new_key, seals)
+            except FsError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                # Not in the store under its old name (never published there, or
+                # another node moved it): its own publish writes the new name.
+                log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
+                seals = False
+                await self._delete_if_same(new_key, replaced)
+            if seals:
+                inode.staged = False
+            self.ns.save(inode)
+        self._drop_rt(ino)
+        if seals:
+            self._sealed(inode)
+
+    async def _delete_if_same(self, key: str, ident: str | None) -> None:
+        """Delete the entry under ``key`` if it still holds the object ``ident`` names
+        (compare-and-swap on its ETag); a newer object there stays."""
+        if not ident:
+            return
+        for _ in range(8):
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except NotFound:
+                return
+            try:
+                entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+            except BadEntry:
+                return    # not ours to judge: left for gc and the log
+            if entry_identity(entry) != ident:
+                log.info("%s holds another object now: left as it is", key)
+                return
+            try:
+                await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                return
+            except PreconditionFailed:
+                continue
+        raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
+
+    async def _exec_seal(self, seq: int, record: dict) -> None:
+        ino = record["ino"]
+        await self._wait_publishes_before(seq, ino)
+        inode = self.ns.maybe_get(ino)
+        if inode is None or not inode.parent or not inode.staged or inode.type != "dir":
+            return
+        if self._pending_under(ino, list(self.queue.failed)):
+            raise OpDropped("a file below failed to upload for good: it stays unsealed")
+        if not await self.leases.may_seal(ino):
+            return   # other nodes still write below it: pending (leases.py)
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.get(ino)
+            if not inode.staged or not inode.parent:
+                return
+            inode.staged = False
+            try:
+                await self._rewrite_entry(inode, key)
+            except BaseException as exc:
+                inode.staged = True
+                self.ns.save(inode)
+                if isinstance(exc, FsError) and exc.errno == errno.ENOENT:
+                    raise OpDropped(exc.reason) from None
+                raise
+        self._drop_rt(ino)
+        self._sealed(inode)
 
     # ------------------------------------------------------------------ prefetch
 
@@ -2210,8 +2553,18 @@ class Filesystem:
     # ------------------------------------------------------------------ status
 
     def pending_uploads(self) -> int:
-        """Closed files not yet in the store (pointers held for their checkpoint too)."""
-        return len(self.queue.queued | set(self._held_pointers))
+        """Closed files not yet in the store (pointers held for their checkpoint too),
+        and metadata changes on their way (async mode)."""
+        return len(self.queue.queued | set(self._held_pointers)) + len(self.oplog.pending)
+
+    def unfinished(self) -> int:
+        """Work still to reach the store that is not failed for good."""
+        return len(self.queue.active()) + len(self.oplog.pending)
+
+    async def wait_idle(self) -> None:
+        while self.unfinished():
+            await self.queue.wait_idle()
+            await self.oplog.wait_idle()
 
     def is_writing(self, ino: int) -> bool:
         """An open writer, or a pending upload, for this inode on this node."""
@@ -2235,6 +2588,8 @@ class Filesystem:
         up = self.uploader.stats
         return {"pending_uploads": self.pending_uploads(),
                 "failing_uploads": dict(self.queue.failing),
+                "pending_metadata": len(self.oplog.pending),
+                "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
                 "chunks_uploaded": up.chunks_uploaded,
                 "chunks_deduplicated": up.chunks_deduplicated,
                 "bytes_uploaded": up.bytes_uploaded,
@@ -2243,6 +2598,17 @@ class Filesystem:
                 "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
                 "open_handles": len(self.handles), "write_requests": self.write_requests,
                 "read_requests": self.read_requests}
+
+
+def entry_identity(entry: Entry) -> str:
+    """A directory's id; for anything else a digest of what it holds (type, chunks,
+    size, link target, device): the same after a rename or a mode change, different
+    after another version was published."""
+    if entry.type == "dir":
+        return f"dir:{entry.id}"
+    what = json.dumps([entry.type, entry.chunks, entry.size, entry.target, entry.rdev,
+                       entry.link], default=str)
+    return f"{entry.type}:{hashlib.sha256(what.encode()).hexdigest()}"
 
 
 def check_name_or_raise(name: bytes) -> None:

@@ -112,6 +112,9 @@ class LeaseManager:
         a closed version waits in the upload queue; ``seal(ino)``: the filesystem's seal."""
         self.ns = ns
         self.store = store
+        # Async mode (local-first): an open waits at most this long for its lease PUT,
+        # then goes on while the renewal task retries (None: wait for the store).
+        self.open_wait: float | None = None
         self.ttl = lease_ttl
         self.renew_every = lease_ttl / 3
         self.linger = min(lease_ttl / 3, 2.0)
@@ -133,8 +136,8 @@ class LeaseManager:
 
     # ------------------------------------------------------------------ store calls
 
-    async def _call(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args)
+    async def _call(self, fn, *args, abandon_on_cancel: bool = False):
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=abandon_on_cancel)
 
     def _body(self, held: Held) -> bytes:
         held.seq += 1   # the body changes on every renewal, so its ETag does too
@@ -142,8 +145,9 @@ class LeaseManager:
                            "host": socket.gethostname(), "pid": os.getpid(),
                            "seq": held.seq, "renewed_at": time.time()}).encode()
 
-    async def _put(self, held: Held) -> None:
-        await self._call(self.store.put, lease_key(held.dir_id, self.node_id), self._body(held))
+    async def _put(self, held: Held, abandon_on_cancel: bool = False) -> None:
+        await self._call(self.store.put, lease_key(held.dir_id, self.node_id), self._body(held),
+                         abandon_on_cancel=abandon_on_cancel)
         self.stats.puts += 1
         log.debug("lease PUT %s", lease_key(held.dir_id, self.node_id))
         held.acquired = True
@@ -209,7 +213,14 @@ class LeaseManager:
             if held.acquired or held.broken:
                 return
             try:
-                await self._put(held)
+                if self.open_wait is None:
+                    await self._put(held)
+                else:
+                    with trio.move_on_after(self.open_wait) as scope:
+                        await self._put(held, abandon_on_cancel=True)
+                    if scope.cancelled_caught:
+                        log.warning("the lease on %s is not taken yet (the store is slow); "
+                                    "retrying in the background", self._path(d.ino))
             except StoreError as exc:
                 # The open goes on (the renewal task retries); until the PUT lands, a
                 # seal on another node does not know about this writer.

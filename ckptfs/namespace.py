@@ -253,6 +253,17 @@ class Namespace:
             raw = txn.get(dir_id.encode(), db=self.db_dir_ids)
         return None if raw is None else _U64.unpack(raw)[0]
 
+    def change_dir_id(self, inode: Inode, dir_id: str) -> None:
+        """A directory created here joined another node's of the same name (oplog.py)."""
+        with self.env.begin(write=True) as txn:
+            if inode.dir_id and txn.get(inode.dir_id.encode(), db=self.db_dir_ids) == \
+                    _k(inode.ino):
+                txn.delete(inode.dir_id.encode(), db=self.db_dir_ids)
+            inode.dir_id = dir_id
+            txn.put(dir_id.encode(), _k(inode.ino), db=self.db_dir_ids)
+            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+        self._cache[inode.ino] = inode
+
     def delete_inode(self, ino: int) -> None:
         inode = self.maybe_get(ino)
         with self.env.begin(write=True) as txn:
@@ -425,17 +436,25 @@ class Namespace:
     # Keyed by inode (not in the ordered journal): adding or finishing one is O(1) however
     # many files a checkpoint has.
 
-    def publish_pending_add(self, ino: int) -> None:
+    def publish_pending_add(self, ino: int, epoch: int = 0) -> None:
+        """``epoch``: the metadata log record the publish must follow (oplog.py)."""
         with self.env.begin(write=True) as txn:
-            txn.put(_k(ino), b"1", db=self.db_publish)
+            txn.put(_k(ino), str(epoch).encode(), db=self.db_publish)
 
     def publish_pending_done(self, ino: int) -> None:
         with self.env.begin(write=True) as txn:
             txn.delete(_k(ino), db=self.db_publish)
 
-    def publish_pending(self) -> list[int]:
+    def publish_pending(self) -> dict[int, int]:
+        """Inode -> epoch of every closed, unpublished file."""
+        out = {}
         with self.env.begin() as txn:
-            return [_U64.unpack(k)[0] for k, _ in txn.cursor(db=self.db_publish)]
+            for k, v in txn.cursor(db=self.db_publish):
+                try:
+                    out[_U64.unpack(k)[0]] = int(bytes(v))
+                except ValueError:
+                    out[_U64.unpack(k)[0]] = 0
+        return out
 
     # ------------------------------------------------------------------ chunks known to be in the store
 

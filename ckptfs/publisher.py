@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 import os
+from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -214,12 +215,22 @@ class PublishQueue:
     returns when nothing is left but failures."""
 
     def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
-                 retry_delay: float = 2.0, max_delay: float = 30.0) -> None:
+                 retry_delay: float = 2.0, max_delay: float = 30.0,
+                 ready: Callable[[int], bool] = lambda ino: True) -> None:
         self._publish = publish
         self.workers = workers
         self.retry_delay = retry_delay
         self.max_delay = max_delay
-        self._send, self._recv = trio.open_memory_channel[int](math.inf)
+        # Workers take inodes from a zero-capacity channel (real back-pressure: the
+        # feeder hands one over only when a worker is free); what waits is the backlog,
+        # at most one entry per queued inode.  ``ready`` gates an inode (async mode's
+        # metadata log: not before the records its epoch names); a gated inode is
+        # parked until ``release_parked``.
+        self._send, self._recv = trio.open_memory_channel[int](0)
+        self._backlog: deque[int] = deque()
+        self._backlog_changed = trio.Event()
+        self._ready = ready
+        self.parked: set[int] = set()
         self.queued: set[int] = set()
         self.failing: dict[int, str] = {}     # inode -> last error (retried, or for good)
         self.failed: dict[int, str] = {}      # inode -> permanent error: not retried
@@ -238,7 +249,17 @@ class PublishQueue:
             return
         self.queued.add(ino)
         self._idle = trio.Event() if self._idle.is_set() else self._idle
-        self._send.send_nowait(ino)
+        self._enqueue(ino)
+
+    def _enqueue(self, ino: int) -> None:
+        self._backlog.append(ino)
+        self._backlog_changed.set()
+
+    def release_parked(self) -> None:
+        """The gate may have opened: parked inodes go round again."""
+        parked, self.parked = self.parked, set()
+        for ino in sorted(parked):
+            self._enqueue(ino)
 
     def discard(self, ino: int) -> None:
         self.queued.discard(ino)
@@ -264,12 +285,27 @@ class PublishQueue:
             self._nursery = nursery
             for _ in range(self.workers):
                 nursery.start_soon(self._worker)
+            nursery.start_soon(self._feed)
             task_status.started()
+
+    async def _feed(self) -> None:
+        while True:
+            if not self._backlog:
+                self._backlog_changed = trio.Event()
+                await self._backlog_changed.wait()
+                continue
+            ino = self._backlog.popleft()
+            if ino not in self.queued or ino in self.failed:
+                continue
+            if not self._ready(ino):
+                self.parked.add(ino)
+                continue
+            await self._send.send(ino)
 
     async def _retry_later(self, ino: int, delay: float) -> None:
         await trio.sleep(delay)
         if ino in self.queued and ino not in self.failed:
-            self._send.send_nowait(ino)
+            self._enqueue(ino)
 
     async def _worker(self) -> None:
         async for ino in self._recv:
@@ -284,7 +320,7 @@ class PublishQueue:
                 # Rewritten while uploading: go again, after a breath so a file that is
                 # written continuously does not spin this worker.
                 await trio.sleep(0.1)
-                self._send.send_nowait(ino)
+                self._enqueue(ino)
                 continue
             self.failing.pop(ino, None)
             self._attempts.pop(ino, None)

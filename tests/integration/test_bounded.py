@@ -295,7 +295,9 @@ def test_commit_above_an_upload_failed_for_good_answers_at_once(local_store, mak
     control.write_text(json.dumps({"rules": []}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
     (mnt.path / "checkpoint-7").mkdir()
-    dir_id = json.loads((local_store.root / "dirs" / "root" / "checkpoint-7").read_text())["id"]
+    entry = local_store.root / "dirs" / "root" / "checkpoint-7"
+    eventually(entry.exists)     # async mode: the directory reaches the store in log order
+    dir_id = json.loads(entry.read_text())["id"]
     control.write_text(json.dumps({"rules": [{"op": "put", "prefix": f"dirs/{dir_id}/",
                                               "kind": "permanent"}]}))
     (mnt.path / "checkpoint-7" / "model.bin").write_bytes(b"weights")

@@ -61,7 +61,7 @@ def run(tmp_path: Path, body, **cfg) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 fs = Filesystem(ns, store, staging, cache, Config(**cfg), nursery)
-                await nursery.start(fs.queue.run)
+                await nursery.start(fs.run)
                 await fs.start()
                 await body(fs, store)
                 nursery.cancel_scope.cancel()
@@ -98,7 +98,7 @@ def test_rewrite_during_background_publish_ends_with_the_new_version(tmp_path):
         await fs.queue.wait_idle()
         final = fs.ns.get(inode.ino)
         assert not final.dirty and not fs.queue.queued and fs.ns.journal() == [] \
-            and fs.ns.publish_pending() == []
+            and fs.ns.publish_pending() == {}
         assert stored(fs, "root", b"f") == b"B" * (3 * CS + 100)
 
     run(tmp_path, body, durability="async", chunk_size=CS, upload_concurrency=4)

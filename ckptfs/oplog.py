@@ -1,0 +1,163 @@
+"""Async durability's ordered log of metadata operations (decision 0009).
+
+With ``durability = "async"``, ``mkdir``, ``rename``, ``unlink``/``rmdir`` and seals
+change this node's namespace at once and append a record here (in the namespace's
+journal, so a restart resumes them); one worker replays the records against the store
+strictly in journal order, whatever the store is doing meanwhile.  A record whose store
+step fails for a transient reason is tried again (backoff) and holds back the records
+after it; one that fails for good, or whose object another node changed meanwhile, is
+logged once and dropped.
+
+Ordering with the data publishes of the publish queue uses *epochs*: a publish carries
+the sequence number of the newest record pending when its file was closed, and is not
+started before every record up to that number is in the store (a name unlinked, then
+created again, is deleted before the new file lands).  A record that publishes a tree
+(a directory rename, a seal) waits for the publishes below it that are older than
+itself (``wait_for``), so other nodes see the tree complete, never half.
+
+While a record touching a directory is pending, the store's listing of that directory
+is stale by design: the directory is *busy* and refresh leaves it alone.
+
+Knows nothing of entries, keys or the store: executing a record is the caller's
+callback; directory-id aliases (a ``mkdir`` that met another node's directory of the
+same name and joined it) are kept here because records name directories by id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from .namespace import Namespace
+from .publisher import store_cause
+from .store import is_permanent
+
+log = logging.getLogger(__name__)
+
+ALIASES_KEY = "dir_aliases"
+
+
+class OpDropped(Exception):
+    """The record cannot be applied (another node changed the object): drop it."""
+
+
+class MetaLog:
+    def __init__(self, ns: Namespace, retry_delay: float = 1.0, max_delay: float = 30.0,
+                 on_done: Callable[[], None] = lambda: None) -> None:
+        self.ns = ns
+        self.retry_delay = retry_delay
+        self.max_delay = max_delay
+        self.on_done = on_done          # told after each record (the publish queue's gate)
+        self.pending: dict[int, dict] = {}
+        self.busy: Counter[int] = Counter()
+        self.failing: dict[int, str] = {}     # seq -> last error, while retried
+        self.dropped = 0
+        raw = ns.meta_get(ALIASES_KEY)
+        self.aliases: dict[str, str] = json.loads(raw) if raw else {}
+        self._changed = trio.Event()
+        for seq, record in ns.journal():
+            if record.get("op") == "meta":
+                self.pending[seq] = record
+                self.busy.update(record.get("dirs", ()))
+
+    # ------------------------------------------------------------------ adding
+
+    def add(self, record: dict, dirs: Iterable[int]) -> int:
+        record = {**record, "op": "meta", "dirs": sorted(set(dirs))}
+        seq = self.ns.journal_add(record)
+        self.pending[seq] = record
+        self.busy.update(record["dirs"])
+        self._wake()
+        return seq
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # ------------------------------------------------------------------ questions
+
+    def epoch(self) -> int:
+        """The epoch of a publish closed now: the newest pending record, or 0."""
+        return max(self.pending) if self.pending else 0
+
+    def done_through(self, epoch: int) -> bool:
+        return not self.pending or min(self.pending) > epoch
+
+    def is_busy(self, dir_ino: int) -> bool:
+        return self.busy.get(dir_ino, 0) > 0
+
+    def pending_of(self, kind: str, ino: int) -> bool:
+        return any(r.get("kind") == kind and r.get("ino") == ino
+                   for r in self.pending.values())
+
+    async def wait_idle(self) -> None:
+        while self.pending:
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------ directory ids
+
+    def resolve(self, dir_id: str) -> str:
+        seen = 0
+        while dir_id in self.aliases and seen < 64:
+            dir_id = self.aliases[dir_id]
+            seen += 1
+        return dir_id
+
+    def alias(self, old: str, new: str) -> None:
+        self.aliases[old] = new
+        self.ns.meta_put(ALIASES_KEY, json.dumps(self.aliases))
+
+    # ------------------------------------------------------------------ the worker
+
+    async def run(self, execute: Callable[[int, dict], Awaitable[None]],
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            if not self.pending:
+                await self._changed.wait()
+                continue
+            seq = min(self.pending)
+            record = self.pending[seq]
+            attempt = 0
+            while True:
+                try:
+                    await execute(seq, record)
+                    break
+                except OpDropped as exc:
+                    self.dropped += 1
+                    log.warning("%s not applied to the store: %s", describe(record), exc)
+                    break
+                except Exception as exc:  # noqa: BLE001 - retried, or dropped if permanent
+                    cause = store_cause(exc)
+                    if cause is not None and is_permanent(cause):
+                        self.dropped += 1
+                        log.error("%s failed for good (%s): dropped", describe(record),
+                                  cause)
+                        break
+                    attempt += 1
+                    delay = min(self.max_delay, self.retry_delay * 2 ** (attempt - 1))
+                    if seq not in self.failing:
+                        log.warning("%s waits for the store (%s); retrying every %.0f s "
+                                    "at most", describe(record), exc, self.max_delay)
+                    self.failing[seq] = str(exc)
+                    await trio.sleep(delay)
+            self._finish(seq)
+
+    def _finish(self, seq: int) -> None:
+        record = self.pending.pop(seq)
+        self.failing.pop(seq, None)
+        self.ns.journal_done(seq)
+        self.busy.subtract(record.get("dirs", ()))
+        self.busy = +self.busy
+        self._wake()
+        self.on_done()
+
+
+def describe(record: dict) -> str:
+    name = bytes.fromhex(record.get("name", "")).decode(errors="replace")
+    return f"{record.get('kind', '?')} of {name!r} (inode {record.get('ino')})"
+

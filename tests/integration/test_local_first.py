@@ -1,0 +1,167 @@
+"""Async durability is local-first (issue 9 §2, decision 0009): with the store down,
+mkdir, save, rename, unlink and seals proceed on the node and are journaled; they reach
+the store in order when it answers again, and a renamed or sealed tree appears complete
+on other nodes, never half."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import eventually, run_ckptfs
+
+MiB = 1 << 20
+
+
+def fresh(make_mount, store, name="fresh"):
+    """Another node: a mount of its own on the same store."""
+    return make_mount(store, name=name)
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",
+                               r"failed after \d+ attempts")
+def test_saves_renames_removals_and_seals_proceed_while_the_store_hangs(
+        store_proxy, s3_store, make_mount):
+    mnt = make_mount(store_proxy, durability="async", extra=("--store-timeout", "5"))
+    root = mnt.path
+    (root / "old.bin").write_bytes(b"old")
+    (root / "keep").mkdir()
+    run_ckptfs("wait", str(root), check=True, timeout=120)
+    os.listdir(root)
+    os.listdir(root / "keep")
+
+    store_proxy.proxy.mode = "hang"
+    weights, optim = os.urandom(3 * MiB), os.urandom(MiB)
+    times: dict[str, float] = {}
+
+    def timed(what: str, step) -> None:
+        started = time.monotonic()
+        step()
+        times[what] = round(time.monotonic() - started, 3)
+
+    tmp = root / "tmp-checkpoint-1"
+    timed("mkdir", tmp.mkdir)
+    timed("save 2 files", lambda: ((tmp / "model.bin").write_bytes(weights),
+                                   (tmp / "optim.bin").write_bytes(optim)))
+    timed("mv directory", lambda: os.rename(tmp, root / "checkpoint-1"))
+    timed("unlink", lambda: os.unlink(root / "old.bin"))
+    timed("create again", lambda: (root / "old.bin").write_bytes(b"new"))
+    timed("mkdir staged", (root / "checkpoint-2").mkdir)
+    (root / "checkpoint-2" / "model.bin").write_bytes(b"w2")
+    timed("seal by mark", lambda: (root / "checkpoint-2" / "trainer_state.json")
+          .write_text("{}"))
+    timed("rmdir", (root / "keep").rmdir)
+    print(f"with the store hanging: {times}")
+
+    # This node sees its own work at once (checkpoint-2 is staged until its seal lands).
+    assert sorted(os.listdir(root)) == ["checkpoint-1", "old.bin"]
+    assert (root / "checkpoint-1" / "model.bin").read_bytes() == weights
+    assert (root / "old.bin").read_bytes() == b"new"
+    fs = mnt.status()["fs"]
+    assert fs["pending_metadata"] >= 6, fs      # mkdir x2, mv, unlink, seal, rmdir
+    # Another node sees none of it yet: nothing half-done reached the store.
+    other = fresh(make_mount, s3_store)
+    assert sorted(os.listdir(other.path)) == ["keep", "old.bin"]
+    assert (other.path / "old.bin").read_bytes() == b"old"
+
+    # Stopped with the store still down: the log stays journaled; the next mount
+    # replays it in order once the store answers.
+    proc = run_ckptfs("umount", str(root), "--timeout", "3", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "stay journaled" in proc.stderr
+    store_proxy.proxy.mode = "pass"
+    mnt.start("--store-timeout", "5", durability="async")
+    run_ckptfs("wait", str(root), check=True, timeout=120)
+    assert mnt.status()["fs"]["pending_metadata"] == 0
+
+    assert eventually(lambda: sorted(os.listdir(other.path)) ==
+                      ["checkpoint-1", "checkpoint-2", "old.bin"]), os.listdir(other.path)
+    assert (other.path / "checkpoint-1" / "model.bin").read_bytes() == weights
+    assert (other.path / "checkpoint-1" / "optim.bin").read_bytes() == optim
+    assert (other.path / "old.bin").read_bytes() == b"new"   # removed, then created anew
+    assert sorted(os.listdir(other.path / "checkpoint-2")) == ["model.bin",
+                                                               "trainer_state.json"]
+    assert not (other.path / "tmp-checkpoint-1").exists()
+    assert sorted(os.listdir(root)) == ["checkpoint-1", "checkpoint-2", "old.bin"]
+
+
+def test_mv_never_waits_for_uploads_and_the_renamed_tree_lands_whole(local_store, make_mount,
+                                                                     tmp_path):
+    """Uploads are slowed down (0.3 s per chunk PUT); ``mv`` returns while they are
+    pending; an observer polling the store never sees the new name without all of its
+    files."""
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    root = mnt.path
+    tmp = root / "step-5.tmp"
+    tmp.mkdir()
+    run_ckptfs("wait", str(root), check=True, timeout=120)
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",
+                                              "kind": "delay", "delay": 0.3}]}))
+    names = [f"shard-{i}.bin" for i in range(8)]
+    for name in names:
+        (tmp / name).write_bytes(os.urandom(64 << 10))
+
+    seen_half: list[str] = []
+    seen_whole = threading.Event()
+    stop = threading.Event()
+    entry = local_store.root / "dirs" / "root" / "step-5"
+
+    def observe() -> None:
+        while not stop.is_set():
+            try:
+                dir_id = json.loads(entry.read_text())["id"]
+            except (FileNotFoundError, ValueError):
+                time.sleep(0.005)
+                continue
+            present = [n for n in names
+                       if (local_store.root / "dirs" / dir_id / n).exists()]
+            if len(present) != len(names):
+                seen_half.append(f"{len(present)}/{len(names)}")
+            else:
+                seen_whole.set()
+            time.sleep(0.005)
+
+    observer = threading.Thread(target=observe, daemon=True)
+    observer.start()
+    try:
+        os.rename(tmp, root / "step-5")
+        pending = mnt.status()["fs"]["pending_uploads"]
+        assert pending >= 1, "mv waited for the uploads below it"
+        run_ckptfs("wait", str(root), check=True, timeout=120)
+        assert seen_whole.wait(30)
+    finally:
+        stop.set()
+        observer.join(5)
+    assert not seen_half, f"the store showed step-5 incomplete: {seen_half[:5]}"
+    assert sorted(os.listdir(fresh(make_mount, local_store).path / "step-5")) == names
+
+
+def test_two_nodes_making_one_directory_share_it(store, make_mount):
+    """Ranks on two nodes ``makedirs`` the same checkpoint directory.  Node b's store is
+    slow (its first create of the name takes 3 s), so b makes the directory locally
+    (local-first) and its rank saves into it; when b's record reaches the store it finds
+    a's directory there and joins it: both ranks' files end up in one directory."""
+    a = make_mount(store, name="a", durability="async")
+    b = make_mount(store, name="b", durability="async", extra=("--metadata-ttl", "3600"),
+                   faults={"rules": [{"op": "put_if_absent", "prefix": "dirs/root/run-7",
+                                      "kind": "delay", "delay": 3, "times": 1}]})
+    os.listdir(b.path)                     # b knows the root without run-7
+    os.makedirs(a.path / "run-7", exist_ok=True)
+    (a.path / "run-7" / "rank0.bin").write_bytes(b"\x00" * 4096)
+    os.makedirs(b.path / "run-7", exist_ok=True)
+    (b.path / "run-7" / "rank1.bin").write_bytes(b"\x01" * 4096)
+    for m in (a, b):
+        run_ckptfs("wait", str(m.path), check=True, timeout=120)
+    assert "joined its directory" in (b.state_dir / "ckptfs.log").read_text()
+    other = fresh(make_mount, store)
+    assert sorted(os.listdir(other.path / "run-7")) == ["rank0.bin", "rank1.bin"]
+    assert (other.path / "run-7" / "rank1.bin").read_bytes() == b"\x01" * 4096
+    for m in (a, b):   # both nodes see the joined directory
+        assert eventually(lambda: sorted(os.listdir(m.path / "run-7")) ==
+                          ["rank0.bin", "rank1.bin"]), os.listdir(m.path / "run-7")
