@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "included, before it fails with EIO (default 60)")
     m.add_argument("--stop-timeout", help="seconds an unmount or SIGTERM waits for pending "
                    "uploads before unmounting anyway, uploads kept journaled (default 600)")
+    m.add_argument("--max-staged", help="async mode: closed bytes not yet uploaded past "
+                   "which writers wait for uploads (default: half the state dir's free "
+                   "space at mount)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -151,7 +154,7 @@ MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_wr
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
                   "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
                   "checkpoint_formats", "lease_ttl", "stale_staged_after", "store_timeout",
-                  "stop_timeout")
+                  "stop_timeout", "max_staged")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -233,7 +236,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     lease_ttl=settings.lease_ttl,
                     stale_staged_after=settings.stale_staged_after,
                     store_timeout=settings.store_timeout,
-                    stop_timeout=settings.stop_timeout)
+                    stop_timeout=settings.stop_timeout,
+                    max_staged=settings.max_staged)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
         from .faults import FaultInjectingStore, FaultPlan

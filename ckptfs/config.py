@@ -153,6 +153,9 @@ _KEYS = {
     # How long an unmount (or SIGTERM) waits for pending uploads before it unmounts
     # anyway, leaving them journaled for the next mount.
     "stop_timeout": _seconds(0.0, 7 * DAY),
+    # Async mode: closed bytes not yet uploaded past which writers wait for uploads
+    # (default: half the state dir's free space at mount).
+    "max_staged": _size_between(1 << 20, 1 << 60),
 }
 
 
@@ -178,6 +181,7 @@ class Settings:
     stale_staged_after: float = 600.0   # report a staged directory nobody writes or seals
     store_timeout: float = 60.0
     stop_timeout: float = 600.0
+    max_staged: int | None = None
     profiles: Profiles = field(default_factory=Profiles)
 
 

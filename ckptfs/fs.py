@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import stat
 import time
 import uuid
@@ -41,6 +42,7 @@ from .store import NotFound, ObjectStore, PreconditionFailed, StoreClosed, Store
 log = logging.getLogger(__name__)
 
 RENAME_NOREPLACE = 1
+MAX_STAGED_FRACTION = 0.5     # default --max-staged: this much of the free state space
 RENAME_EXCHANGE = 2
 
 
@@ -66,6 +68,7 @@ class Config:
     stale_staged_after: float = 600.0  # report a staged dir nobody writes or seals (stale.py)
     store_timeout: float = 60.0        # overall bound of one store call (store.RetryPolicy)
     stop_timeout: float = 600.0        # unmount/SIGTERM: wait this long for uploads
+    max_staged: int | None = None      # async: closed, unuploaded bytes before writers wait
 
 
 @dataclass
@@ -160,6 +163,11 @@ class Filesystem:
         self.oplog = MetaLog(ns, on_done=self._meta_done)
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
+        # Async mode: closed bytes not yet uploaded are bounded (writers wait past it).
+        self.max_staged = config.max_staged or \
+            int(shutil.disk_usage(staging.root).free * MAX_STAGED_FRACTION)
+        self.writers_waiting = 0
+        self._staged_bytes = (0.0, 0)          # (when counted, bytes)
         self.queue = PublishQueue(self._publish_from_queue, ready=self._publish_ready)
         self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
                                    lambda ino: getattr(self.runtime.get(ino), "session", None)
@@ -1092,6 +1100,8 @@ class Filesystem:
         handle = self._handle(fh)
         if not handle.writable:
             raise FsError(errno.EBADF)
+        if self._deferred() and self.staged_bytes() > self.max_staged:
+            await self._wait_for_room()
         rt = self._rt(handle.ino)
         session = rt.session
         if session is None or handle.session is not session:
@@ -1122,6 +1132,36 @@ class Filesystem:
             self.nursery.start_soon(self._pipeline_chunk, inode.ino, session.ver, index,
                                     pending)
         return written
+
+    def staged_bytes(self, fresh: bool = False) -> int:
+        """Bytes of closed versions waiting for their upload (counted at most every
+        50 ms: a write must not stat every pending file)."""
+        counted_at, total = self._staged_bytes
+        now = time.monotonic()
+        if fresh or now - counted_at > 0.05:
+            total = 0
+            for ino in self.queue.active():
+                inode = self.ns.maybe_get(ino)
+                if inode is not None and inode.dirty:
+                    try:
+                        total += self.staging.size(ino, inode.ver)
+                    except (OSError, FsError):
+                        pass
+            self._staged_bytes = (now, total)
+        return total
+
+    async def _wait_for_room(self) -> None:
+        """Past ``max_staged``, a writer waits for uploads instead of filling the disk
+        (while uploads are under way: a file larger than the bound still gets written)."""
+        if not self.writers_waiting:
+            log.warning("%d bytes closed and not yet uploaded, over max_staged (%d): "
+                        "writers wait for uploads", self.staged_bytes(), self.max_staged)
+        self.writers_waiting += 1
+        try:
+            while self.staged_bytes(fresh=True) > self.max_staged and self.queue.active():
+                await trio.sleep(0.05)
+        finally:
+            self.writers_waiting -= 1
 
     async def _pipeline_chunk(self, ino: int, ver: int, index: int, pending) -> None:
         try:
@@ -2589,6 +2629,8 @@ class Filesystem:
         return {"pending_uploads": self.pending_uploads(),
                 "failing_uploads": dict(self.queue.failing),
                 "pending_metadata": len(self.oplog.pending),
+                "staged_bytes": self.staged_bytes(), "max_staged": self.max_staged,
+                "writers_waiting_for_uploads": self.writers_waiting,
                 "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
                 "chunks_uploaded": up.chunks_uploaded,
                 "chunks_deduplicated": up.chunks_deduplicated,

@@ -165,3 +165,35 @@ def test_two_nodes_making_one_directory_share_it(store, make_mount):
     for m in (a, b):   # both nodes see the joined directory
         assert eventually(lambda: sorted(os.listdir(m.path / "run-7")) ==
                           ["rank0.bin", "rank1.bin"]), os.listdir(m.path / "run-7")
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",
+                               r"failed after \d+ attempts")
+def test_writers_wait_for_uploads_past_max_staged(store_proxy, s3_store, make_mount):
+    """With the store down, closed-but-unuploaded bytes stop growing at --max-staged:
+    the next writer waits (status says so) and goes on once uploads drain."""
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "5", "--max-staged", "4M"))
+    os.listdir(mnt.path)
+    store_proxy.proxy.mode = "hang"
+    parts = [os.urandom(3 * MiB) for _ in range(3)]
+    done: list[int] = []
+
+    def save() -> None:
+        for i, data in enumerate(parts):
+            (mnt.path / f"part-{i}.bin").write_bytes(data)
+            done.append(i)
+
+    writer = threading.Thread(target=save, daemon=True)
+    writer.start()
+    assert eventually(lambda: mnt.status()["fs"]["writers_waiting_for_uploads"] == 1, 60)
+    fs = mnt.status()["fs"]
+    assert done == [0, 1] and fs["staged_bytes"] == 6 * MiB and fs["max_staged"] == 4 * MiB
+    assert writer.is_alive()
+    store_proxy.proxy.mode = "pass"
+    writer.join(120)
+    assert done == [0, 1, 2]
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    other = fresh(make_mount, s3_store)
+    for i, data in enumerate(parts):
+        assert (other.path / f"part-{i}.bin").read_bytes() == data
