@@ -159,7 +159,7 @@ class Filesystem:
             ns.chunk_mark,
             slot=self._background_slot if config.durability == "async" else None)
         self._trickle = trio.CapacityLimiter(1)
-        # Async mode's metadata log (decision 0009) and the epochs of pending publishes.
+        # Async mode's metadata log (decision 0012) and the epochs of pending publishes.
         self.oplog = MetaLog(ns, on_done=self._meta_done)
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery

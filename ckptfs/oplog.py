@@ -1,4 +1,4 @@
-"""Async durability's ordered log of metadata operations (decision 0009).
+"""Async durability's ordered log of metadata operations (decision 0012).
 
 With ``durability = "async"``, ``mkdir``, ``rename``, ``unlink``/``rmdir`` and seals
 change this node's namespace at once and append a record here (in the namespace's

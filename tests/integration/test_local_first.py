@@ -1,4 +1,4 @@
-"""Async durability is local-first (issue 9 §2, decision 0009): with the store down,
+"""Async durability is local-first (issue 9 §2, decision 0012): with the store down,
 mkdir, save, rename, unlink and seals proceed on the node and are journaled; they reach
 the store in order when it answers again, and a renamed or sealed tree appears complete
 on other nodes, never half."""
