@@ -172,7 +172,8 @@ class Filesystem:
         self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
                                    lambda ino: getattr(self.runtime.get(ino), "session", None)
                                    is not None,
-                                   lambda ino: ino in self.queue.queued, self.seal)
+                                   lambda ino: ino in self.queue.queued,
+                                   self._seal_for_leases)
         if self._deferred():
             self.leases.open_wait = config.stale_wait
 
@@ -2339,6 +2340,13 @@ class Filesystem:
         self._sealed(inode)
         return True
 
+    async def _seal_for_leases(self, ino: int) -> bool:
+        """A pending seal's retry (leases.py): True only once sealed.  In async mode it
+        journals a seal record and answers False: the pending seal stays until the
+        record finds the way clear and seals (or records it pending again)."""
+        sealed = await self.seal(ino)
+        return sealed and not self._deferred()
+
     def _sealed(self, inode: Inode) -> None:
         self._touch_dir(inode.parent)
         log.info("sealed %s", self._path_for_log(inode))
@@ -2417,6 +2425,7 @@ class Filesystem:
         if other.id != old_id:
             log.info("%s was created by another node too: joined its directory",
                      self._path_for_log(inode))
+            await self.leases.dir_id_changed(inode.ino, other.id)
             self.oplog.alias(old_id, other.id)
             self.ns.change_dir_id(inode, other.id)
             inode.staged = other.staged

@@ -227,6 +227,27 @@ class LeaseManager:
                 log.warning("could not take the lease on %s (%s); retrying in the "
                             "background", self._path(d.ino), exc)
 
+    async def dir_id_changed(self, dir_ino: int, dir_id: str) -> None:
+        """A directory made here joined another node's of the same name (async mode,
+        decision 0012): this node's lease moves to the shared id before the join is
+        done, so a seal there knows about this node's writers.  Store errors propagate
+        (the join is retried)."""
+        held = self.held.get(dir_ino)
+        if held is None or held.dir_id == dir_id:
+            return
+        async with held.lock:
+            old = Held(held.dir_ino, held.dir_id, acquired=held.acquired)
+            held.dir_id, held.acquired = dir_id, False
+            self._persist_held()
+            if held.files:
+                await self._put(held)
+            if old.acquired:
+                try:
+                    await self._delete(old)
+                except StoreError as exc:
+                    log.info("old lease %s not deleted (%s): it expires",
+                             lease_key(old.dir_id, self.node_id), exc)
+
     def settle(self, ino: int) -> None:
         """``ino`` may have been published, closed, abandoned or removed: if nothing of
         it is left to publish, it no longer holds its directory's lease."""

@@ -197,3 +197,34 @@ def test_writers_wait_for_uploads_past_max_staged(store_proxy, s3_store, make_mo
     other = fresh(make_mount, s3_store)
     for i, data in enumerate(parts):
         assert (other.path / f"part-{i}.bin").read_bytes() == data
+
+
+def test_a_joined_checkpoint_waits_for_the_joining_nodes_writer(local_store, make_mount):
+    """Node b makes checkpoint-7 locally (its store is slow), opens its shard and joins
+    node a's checkpoint-7 once its record reaches the store: its seal lease moves to the
+    shared directory, so a's seal waits for b's writer instead of sealing without it."""
+    a = make_mount(local_store, name="a", durability="async")
+    b = make_mount(local_store, name="b", durability="async", extra=("--metadata-ttl", "3600"),
+                   faults={"rules": [{"op": "put_if_absent", "prefix": "dirs/root/checkpoint-7",
+                                      "kind": "delay", "delay": 3, "times": 1}]})
+    os.listdir(b.path)
+    os.makedirs(a.path / "checkpoint-7", exist_ok=True)
+    os.makedirs(b.path / "checkpoint-7", exist_ok=True)
+    shard = os.urandom(64 << 10)
+    with open(b.path / "checkpoint-7" / "rank1.bin", "wb") as f:
+        f.write(shard[:4096])
+        f.flush()
+        assert eventually(lambda: "joined its directory" in
+                          (b.state_dir / "ckptfs.log").read_text(), 30)
+        (a.path / "checkpoint-7" / "rank0.bin").write_bytes(b"rank0")
+        (a.path / "checkpoint-7" / "trainer_state.json").write_text("{}")   # seals
+        assert eventually(lambda: [p["path"] for p in a.status()["pending_seals"]] ==
+                          ["/checkpoint-7"], 30), a.status()["pending_seals"]
+        assert "checkpoint-7" not in os.listdir(make_mount(local_store, name="c").path)
+        f.write(shard[4096:])
+    run_ckptfs("wait", str(b.path), check=True, timeout=120)
+    other = make_mount(local_store, name="d")
+    assert eventually(lambda: "checkpoint-7" in os.listdir(other.path), 60)
+    assert sorted(os.listdir(other.path / "checkpoint-7")) == ["rank0.bin", "rank1.bin",
+                                                               "trainer_state.json"]
+    assert (other.path / "checkpoint-7" / "rank1.bin").read_bytes() == shard
