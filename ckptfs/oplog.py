@@ -158,6 +158,9 @@ class MetaLog:
 
 
 def describe(record: dict) -> str:
-    name = bytes.fromhex(record.get("name", "")).decode(errors="replace")
+    try:
+        name = bytes.fromhex(str(record.get("name", ""))).decode(errors="replace")
+    except ValueError:
+        name = str(record.get("name"))
     return f"{record.get('kind', '?')} of {name!r} (inode {record.get('ino')})"
 

@@ -55,6 +55,12 @@ def test_saves_renames_removals_and_seals_proceed_while_the_store_hangs(
     timed("seal by mark", lambda: (root / "checkpoint-2" / "trainer_state.json")
           .write_text("{}"))
     timed("rmdir", (root / "keep").rmdir)
+    (root / "checkpoint-3").mkdir()
+    (root / "checkpoint-3" / "model.bin").write_bytes(b"w3")
+    commit: list = []
+    timed("ckptfs commit", lambda: commit.append(
+        run_ckptfs("commit", str(root / "checkpoint-3"), timeout=60)))
+    assert commit[0].returncode == 0 and "seal journaled" in commit[0].stdout, commit[0]
     print(f"with the store hanging: {times}")
 
     # This node sees its own work at once (checkpoint-2 is staged until its seal lands).
@@ -62,7 +68,7 @@ def test_saves_renames_removals_and_seals_proceed_while_the_store_hangs(
     assert (root / "checkpoint-1" / "model.bin").read_bytes() == weights
     assert (root / "old.bin").read_bytes() == b"new"
     fs = mnt.status()["fs"]
-    assert fs["pending_metadata"] >= 6, fs      # mkdir x2, mv, unlink, seal, rmdir
+    assert fs["pending_metadata"] >= 8, fs   # mkdir x3, mv, unlink, seal x2, rmdir
     # Another node sees none of it yet: nothing half-done reached the store.
     other = fresh(make_mount, s3_store)
     assert sorted(os.listdir(other.path)) == ["keep", "old.bin"]
@@ -79,14 +85,16 @@ def test_saves_renames_removals_and_seals_proceed_while_the_store_hangs(
     assert mnt.status()["fs"]["pending_metadata"] == 0
 
     assert eventually(lambda: sorted(os.listdir(other.path)) ==
-                      ["checkpoint-1", "checkpoint-2", "old.bin"]), os.listdir(other.path)
+                      ["checkpoint-1", "checkpoint-2", "checkpoint-3", "old.bin"]), \
+        os.listdir(other.path)
     assert (other.path / "checkpoint-1" / "model.bin").read_bytes() == weights
     assert (other.path / "checkpoint-1" / "optim.bin").read_bytes() == optim
     assert (other.path / "old.bin").read_bytes() == b"new"   # removed, then created anew
     assert sorted(os.listdir(other.path / "checkpoint-2")) == ["model.bin",
                                                                "trainer_state.json"]
     assert not (other.path / "tmp-checkpoint-1").exists()
-    assert sorted(os.listdir(root)) == ["checkpoint-1", "checkpoint-2", "old.bin"]
+    assert sorted(os.listdir(root)) == ["checkpoint-1", "checkpoint-2", "checkpoint-3",
+                                        "old.bin"]
 
 
 def test_mv_never_waits_for_uploads_and_the_renamed_tree_lands_whole(local_store, make_mount,

@@ -1,0 +1,74 @@
+"""The metadata log on its own (oplog.py): order, retries, drops, busy directories,
+epochs, aliases, and a restart that resumes it."""
+
+from __future__ import annotations
+
+import trio
+
+from ckptfs.namespace import Namespace
+from ckptfs.oplog import MetaLog, OpDropped
+from ckptfs.store import StoreError, TransientStoreError
+
+
+def test_records_apply_in_order_transient_errors_retry_permanent_ones_drop(tmp_path):
+    ns = Namespace(tmp_path / "meta")
+    applied: list[int] = []
+    failures = {"b": [TransientStoreError("503"), TransientStoreError("503")],
+                "c": [StoreError("400 key too long")], "d": [OpDropped("changed")]}
+
+    async def execute(seq: int, record: dict) -> None:
+        errors = failures.get(record["name"])
+        if errors:
+            raise errors.pop(0)
+        applied.append(seq)
+
+    async def main() -> None:
+        log = MetaLog(ns, retry_delay=0.01, max_delay=0.02)
+        seqs = [log.add({"kind": "x", "name": n}, dirs=[1, 2]) for n in "abcde"]
+        assert log.is_busy(1) and log.is_busy(2) and not log.is_busy(3)
+        assert log.epoch() == seqs[-1] and not log.done_through(seqs[0])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run, execute)
+            with trio.fail_after(10):
+                await log.wait_idle()
+            nursery.cancel_scope.cancel()
+        # a, b (after two retries), e: in order; c (permanent) and d (dropped) left out.
+        assert applied == [seqs[0], seqs[1], seqs[4]]
+        assert log.dropped == 2 and not log.pending and not log.is_busy(1)
+        assert log.done_through(seqs[-1]) and ns.journal() == []
+
+    trio.run(main)
+
+
+def test_pending_records_survive_a_restart_and_aliases_resolve(tmp_path):
+    ns = Namespace(tmp_path / "meta")
+
+    async def first() -> None:
+        log = MetaLog(ns)
+        log.add({"kind": "mkdir", "name": "61"}, dirs=[7])
+        log.add({"kind": "move", "name": "62"}, dirs=[7, 8])
+        log.alias("local-id", "shared-id")
+        log.alias("shared-id", "final-id")
+
+    trio.run(first)
+    ns.close()
+    ns = Namespace(tmp_path / "meta")
+
+    async def second() -> None:
+        log = MetaLog(ns)
+        assert [r["kind"] for _, r in sorted(log.pending.items())] == ["mkdir", "move"]
+        assert log.busy[7] == 2 and log.busy[8] == 1
+        assert log.resolve("local-id") == "final-id" and log.resolve("other") == "other"
+        seen: list[str] = []
+
+        async def execute(seq: int, record: dict) -> None:
+            seen.append(record["kind"])
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run, execute)
+            with trio.fail_after(10):
+                await log.wait_idle()
+            nursery.cancel_scope.cancel()
+        assert seen == ["mkdir", "move"] and ns.journal() == []
+
+    trio.run(second)
