@@ -1378,6 +1378,7 @@ class Filesystem:
             epoch = self._publish_epoch[inode.ino] = self.oplog.epoch()
             self.ns.publish_pending_add(inode.ino, epoch)
         self.queue.submit(inode.ino)
+        self._staged_bytes = (0.0, 0)     # counted again at the next write
 
     async def _sync_journal(self) -> None:
         """Make the journal durable against a power cut (fsync of LMDB, in a thread)."""
