@@ -4,11 +4,9 @@ client.  Each failure ends with one line on stderr and a non-zero exit."""
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -81,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
+    w.add_argument("--timeout", type=_timeout_arg, default=None,
+                   help="give up after this many seconds (exit 1)")
+    st = sub.add_parser("state", help="print the state of a path: staged, uploading, "
+                        "published, remote or cached")
+    st.add_argument("path", type=Path)
     c = sub.add_parser("commit", help="seal a staged checkpoint directory (make it listed)")
     c.add_argument("path", type=Path)
 
@@ -134,7 +137,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "status":
         return cmd_status(args.mountpoint, args.staged)
     if args.command == "wait":
-        return cmd_wait(args.path)
+        return cmd_wait(args.path, args.timeout)
+    if args.command == "state":
+        return cmd_state(args.path)
     if args.command == "commit":
         return cmd_commit(args.path)
     if args.command == "gc":
@@ -272,54 +277,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
 
 
 def control_request(mountpoint: Path, request: dict):
-    """Send a request to the daemon serving ``mountpoint``; return an iterator over its
-    replies.  Every failure to reach or understand the daemon is a ``ConnectionError``
-    with one line (raised here when the daemon cannot be reached at all)."""
-    try:
-        path = os.getxattr(mountpoint, "user.ckptfs.control").decode()
-    except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
-            raise ConnectionError(f"{mountpoint}: the daemon is gone (transport endpoint "
-                                  "not connected)") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise ConnectionError(f"{mountpoint}: permission denied ({exc.strerror}); "
-                                  "ckptfs commands need the mount's owner (root)") from None
-        raise ConnectionError(f"{mountpoint} is not a ckptfs mount ({exc.strerror})") from None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise ConnectionError(f"{mountpoint}: permission denied on the control socket "
-                                  f"{path}; ckptfs commands need the mount's owner "
-                                  "(root)") from None
-        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
-            raise ConnectionError(f"{mountpoint}: the daemon's control socket {path} is gone "
-                                  f"({exc.strerror}); is the daemon still running?") from None
-        raise ConnectionError(f"{mountpoint}: cannot reach the daemon at {path} "
-                              f"({exc.strerror})") from None
-    try:
-        sock.sendall(json.dumps(request).encode() + b"\n")
-    except OSError as exc:
-        sock.close()
-        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
-                              f"({exc.strerror or exc})") from None
-    return _replies(mountpoint, sock)
-
-
-def _replies(mountpoint: Path, sock: socket.socket):
-    try:
-        with sock, sock.makefile("rb") as replies:
-            for line in replies:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    raise ConnectionError(f"{mountpoint}: the daemon sent a reply that is "
-                                          f"not JSON: {line[:80]!r}") from None
-    except OSError as exc:
-        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
-                              f"({exc.strerror or exc})") from None
+    """Replies of the daemon serving ``mountpoint`` (api.request: one client)."""
+    from .api import request as send
+    return send(mountpoint, request)
 
 
 def _mib(n: int) -> str:
@@ -384,39 +344,42 @@ def cmd_status(mountpoint: Path, staged: bool = False) -> int:
     return 0
 
 
-def mount_of(path: Path) -> Path:
-    mount = path.absolute()
-    while not os.path.ismount(mount) and mount != mount.parent:
-        mount = mount.parent
-    return mount
-
-
 def cmd_commit(path: Path) -> int:
+    from . import api
     path = path.absolute()
     if not path.is_dir():
         return fail(f"{path}: not a directory")
     try:
-        for reply in control_request(mount_of(path), {"cmd": "commit", "path": str(path)}):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                pending = reply.get("pending")
-                if pending:
-                    print(f"ckptfs: seal pending: {path} waits for node(s) "
-                          f"{', '.join(pending['waiting_for'])} still writing below it"
-                          + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
-                          + "; it completes by itself, `ckptfs status` shows it")
-                    return 3
-                if reply.get("journaled"):
-                    print(f"ckptfs: seal journaled (async mode): {path} appears sealed on "
-                          f"every node once the uploads below it are in the store; "
-                          f"`ckptfs wait` waits for that")
-                    return 0
-                print(f"ckptfs: {'sealed' if reply['sealed'] else 'already visible'}: {path}")
-                return 0
-    except ConnectionError as exc:
-        return fail(str(exc))
-    return fail("the daemon closed the connection early")
+        result = api.commit(path)
+    except OSError as exc:      # ConnectionError, or the daemon's refusal
+        return fail(exc.strerror or str(exc))
+    pending = result.pending
+    if pending:
+        print(f"ckptfs: seal pending: {path} waits for node(s) "
+              f"{', '.join(pending['waiting_for'])} still writing below it"
+              + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
+              + "; it completes by itself, `ckptfs status` shows it")
+        return 3
+    if result.journaled:
+        print(f"ckptfs: seal journaled (async mode): {path} appears sealed on every node "
+              f"once the uploads below it are in the store; `ckptfs wait` waits for that")
+        return 0
+    print(f"ckptfs: {'sealed' if result.sealed else 'already visible'}: {path}")
+    return 0
+
+
+def cmd_state(path: Path) -> int:
+    from . import api
+    try:
+        print(api.state(path))
+    except OSError as exc:
+        return fail(exc.strerror or str(exc))
+    return 0
+
+
+def _mount_of(path: Path) -> Path:
+    from .api import mount_of
+    return mount_of(path)
 
 
 def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
@@ -460,7 +423,7 @@ def cmd_prefetch(path: Path) -> int:
         return fail(f"{path}: no such file or directory")
     tty = sys.stderr.isatty()
     try:
-        for reply in control_request(mount_of(path), {"cmd": "prefetch", "path": str(path)}):
+        for reply in control_request(_mount_of(path), {"cmd": "prefetch", "path": str(path)}):
             if reply.get("error"):
                 return fail(reply["error"])
             if "progress" in reply:
@@ -480,17 +443,17 @@ def cmd_prefetch(path: Path) -> int:
     return fail("the daemon closed the connection early")
 
 
-def cmd_wait(path: Path) -> int:
-    mount = mount_of(path)
+def cmd_wait(path: Path, timeout: float | None = None) -> int:
+    from . import api
+
+    def progress(reply: dict) -> None:
+        print(f"ckptfs: {reply['pending_uploads']} upload(s) pending "
+              f"({_mib(reply.get('pending_bytes', 0))})", file=sys.stderr, flush=True)
+
     try:
-        for reply in control_request(mount, {"cmd": "wait"}):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                return 0
-            if "pending_uploads" in reply:
-                print(f"ckptfs: {reply['pending_uploads']} upload(s) pending "
-                      f"({_mib(reply.get('pending_bytes', 0))})", file=sys.stderr, flush=True)
-    except ConnectionError as exc:
-        return fail(str(exc))
-    return fail(f"{mount}: the daemon closed the connection early")
+        api.wait(path, timeout, progress)
+    except TimeoutError:
+        return fail(f"{path}: not durable after {timeout:g} s")
+    except OSError as exc:
+        return fail(exc.strerror or str(exc))
+    return 0

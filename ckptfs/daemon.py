@@ -10,12 +10,10 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import logging
 import os
 import signal
 import socket
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from .errors import FsError
+from .control import ControlServer
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
@@ -315,7 +313,7 @@ class Daemon:
                     fs.leases.restore()
                     await nursery.start(fs.leases.run)
                     nursery.start_soon(self.stale.run)
-                    await nursery.start(self._serve_control, control_path)
+                    await nursery.start(ControlServer(self, control_path).serve)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
                     nursery.start_soon(self._ready_after_init, on_ready, store.url)
@@ -434,17 +432,45 @@ class Daemon:
             finally:
                 self._drains.discard(scope)
 
-    def _pending(self) -> dict:
-        """Pending uploads for a progress line: count, bytes, failures."""
+    def pending(self, inos: set[int] | None = None) -> dict:
+        """Pending uploads (all, or those of ``inos``) for a progress line: count,
+        bytes, failures."""
         fs = self.fs
         assert fs is not None
+        everything = inos is None
+        inos = fs.queue.queued if inos is None else inos
         total = 0
-        for ino in fs.queue.queued:
-            inode = fs.ns.maybe_get(ino)
+        for ino in inos:
+            inode = fs.ns.maybe_get(ino) if ino > 0 else None   # <= 0: a metadata record
             if inode is not None:
                 total += inode.size
-        return {"pending_uploads": fs.pending_uploads(), "pending_bytes": total,
-                "failing": {str(k): v for k, v in fs.queue.failing.items()}}
+        return {"pending_uploads": fs.pending_uploads() if everything else len(inos),
+                "pending_bytes": total,
+                "failing": {str(k): v for k, v in fs.queue.failing.items() if k in inos}}
+
+    # Hooks of the control socket (control.Host).
+    async def drain(self, deadline: float, progress=None) -> None:
+        await self._drain(deadline, progress)
+
+    def stop_deadline(self) -> float | None:
+        return self._stop_at
+
+    def request_stop(self, deadline: float) -> None:
+        self._stop_at = deadline
+        self._shutdown.set()
+
+    def status_doc(self) -> dict:
+        fs = self.fs
+        assert fs is not None and self.stale is not None
+        return {"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
+                "store": self.opts.store_url, "durability": self.config.durability,
+                "fs": fs.stats(), "store_stats": self.stats.snapshot(),
+                "node_id": fs.leases.node_id,
+                "pending_seals": fs.leases.pending_report(),
+                "held_leases": fs.leases.held_report(),
+                "lease_requests": vars(fs.leases.stats),
+                "stale_staged": [d.to_json() for d in self.stale.stale()],
+                "stale_staged_after": self.config.stale_staged_after}
 
     async def _shutdown_when_asked(self) -> None:
         await self._shutdown.wait()
@@ -454,182 +480,3 @@ class Daemon:
         sd_notify("STOPPING=1")
         if not self._terminated:
             pyfuse3.terminate()
-
-    async def _serve_control(self, path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        await sock.bind(path)
-        os.chmod(path, 0o600)
-        sock.listen(16)
-        listener = trio.SocketListener(sock)
-        task_status.started()
-        await trio.serve_listeners(self._control_client, [listener])
-
-    async def _control_client(self, stream: trio.SocketStream) -> None:
-        # A client that goes away (Ctrl-C on `ckptfs wait`) or sends garbage must never
-        # take the daemon down with it.
-        try:
-            await self._serve_request(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            log.debug("control client went away")
-        except Exception:  # noqa: BLE001
-            log.exception("control request failed")
-
-    async def _serve_request(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            data = b""
-            while not data.endswith(b"\n"):
-                piece = await stream.receive_some(65536)
-                if not piece:
-                    return
-                data += piece
-            try:
-                request = json.loads(data)
-                command = request["cmd"]
-            except (ValueError, KeyError, TypeError):
-                await stream.send_all(b'{"error": "bad request"}\n')
-                return
-            fs = self.fs
-            assert fs is not None
-
-            async def send(doc: dict) -> None:
-                await stream.send_all(json.dumps(doc).encode() + b"\n")
-
-            if command == "status":
-                await send({"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
-                            "store": self.opts.store_url, "durability": self.config.durability,
-                            "fs": fs.stats(), "store_stats": self.stats.snapshot(),
-                            "node_id": fs.leases.node_id,
-                            "pending_seals": fs.leases.pending_report(),
-                            "held_leases": fs.leases.held_report(),
-                            "lease_requests": vars(fs.leases.stats),
-                            "stale_staged": [d.to_json() for d in self.stale.stale()],
-                            "stale_staged_after": self.config.stale_staged_after})
-            elif command == "staged":
-                await send({"ok": True, "stale_staged_after": self.config.stale_staged_after,
-                            "staged": [d.to_json() for _, d in self.stale.scan()]})
-            elif command == "wait":
-                while fs.unfinished():
-                    await send(self._pending())
-                    with trio.move_on_after(1):
-                        await fs.wait_idle()
-                if fs.queue.failed:
-                    first = next(iter(fs.queue.failed.values()))
-                    await send({"error": f"{len(fs.queue.failed)} upload(s) failed for good "
-                                f"(not retried until the file is closed again or the next "
-                                f"mount): {first}", **self._pending()})
-                else:
-                    await send({"ok": True, "done": True})
-            elif command == "umount":
-                timeout = request.get("timeout", self.config.stop_timeout)
-                if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
-                        or not math.isfinite(timeout) or timeout < 0:
-                    await send({"error": f"bad timeout {timeout!r}"})
-                    return
-                deadline = trio.current_time() + timeout
-                if self._stop_at is not None:
-                    deadline = min(deadline, self._stop_at)
-
-                async def progress() -> None:
-                    await send({**self._pending(),
-                                "remaining": max(0.0, deadline - trio.current_time())})
-
-                await self._drain(deadline, progress)
-                self._stop_at = min(deadline, trio.current_time())
-                await send({"ok": True, "done": True, "journaled": fs.pending_uploads(),
-                            "failed": len(fs.queue.failed),
-                            "state_dir": str(self.opts.state_dir)})
-                self._shutdown.set()
-            elif command == "commit":
-                await self._commit(fs, request.get("path", ""), send)
-            elif command == "gc":
-                await self._gc(fs, bool(request.get("dry_run")),
-                               float(request.get("grace", self.config.gc_grace)), send)
-            elif command == "prefetch":
-                await self._prefetch(fs, request.get("path", ""), send)
-            else:
-                await send({"error": f"unknown command {command!r}"})
-
-    def _relative(self, path: str) -> bytes | None:
-        relative = os.path.relpath(path, self.opts.mountpoint)
-        return None if relative.startswith("..") else os.fsencode(relative)
-
-    async def _commit(self, fs: Filesystem, path: str, send) -> None:
-        relative = self._relative(path)
-        if relative is None:
-            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
-            return
-        try:
-            inode = await fs.resolve(relative)
-            sealed = await fs.seal(inode.ino)
-        except FsError as exc:
-            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
-            return
-        await send({"done": True, "ok": True, "sealed": sealed,
-                    "journaled": fs.oplog.pending_of("seal", inode.ino),
-                    "pending": fs.leases.pending_of(inode.ino)})
-
-    async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:
-        from .gc import GcConflict, collect
-
-        messages: list[str] = []
-        try:
-            report = await trio.to_thread.run_sync(
-                lambda: collect(fs.store, grace, dry_run, self.config.gc_settle,
-                                progress=messages.append))
-        except (GcConflict, StoreError) as exc:
-            await send({"error": f"gc: {exc}"})
-            return
-        # Local leftovers: staged bytes of killed writers, past the grace period.
-        abandoned = await trio.to_thread.run_sync(
-            sweep_abandoned, self.opts.state_dir / "abandoned", time.time() - grace, dry_run)
-        await send({"done": True, "ok": report.stopped is None, "dry_run": dry_run,
-                    "generation": report.generation,
-                    "staged_trees": report.staged_trees,
-                    "entries_deleted": report.entries_deleted,
-                    "chunks_deleted": report.chunks_deleted,
-                    "chunk_bytes_deleted": report.chunk_bytes_deleted,
-                    "chunks_kept": report.chunks_kept,
-                    "leases_deleted": report.leases_deleted,
-                    "chunks_condemned": report.chunks_condemned,
-                    "bad_entries": report.bad_entries,
-                    "orphan_inodes": report.orphan_inodes,
-                    "stopped": report.stopped,
-                    "local_abandoned": abandoned})
-
-    async def _prefetch(self, fs: Filesystem, path: str, send) -> None:
-        relative = self._relative(path)
-        if relative is None:
-            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
-            return
-        try:
-            top = await fs.resolve(relative)
-            files = await fs.files_under(top, relative.lstrip(b"."))
-        except FsError as exc:
-            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
-            return
-        total = sum(inode.size for _, inode in files)
-        progress = {"done_bytes": 0}
-        failed: list[str] = []
-
-        def on_bytes(n: int) -> None:
-            progress["done_bytes"] += n
-
-        async def reporter() -> None:
-            while True:
-                await trio.sleep(0.5)
-                await send({"progress": progress["done_bytes"], "total": total})
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(reporter)
-            for name, inode in files:
-                try:
-                    await fs.warm(inode, on_bytes)
-                except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-                    failed.append(f"{os.fsdecode(name)}: {exc}")
-            nursery.cancel_scope.cancel()
-        await send({"done": True, "ok": not failed, "files": len(files), "bytes": total,
-                    "failed": failed})
