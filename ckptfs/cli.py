@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show what a mount is doing")
     s.add_argument("mountpoint", type=Path)
+    s.add_argument("--json", action="store_true", help="the daemon's full report as JSON")
     s.add_argument("--staged", action="store_true", help="list this node's staged "
                    "(unsealed, unlisted) checkpoint directories: idle time, state, path")
 
@@ -388,7 +389,8 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
         request["grace"] = grace
     try:
         replies = control_request(mountpoint.absolute(), request)
-        print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
         for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])

@@ -51,11 +51,24 @@ class MountOptions:
     config: Config | None = None
 
 
-def control_socket_path(state_dir: Path) -> str:
+SOCKET_DIR = Path("/run/ckptfs")
+
+
+def control_socket_path(state_dir: Path, socket_dir: Path = SOCKET_DIR) -> str:
+    """Where the control socket lives: in ``socket_dir`` (root's, mode 0755), named by
+    the state dir, so that every local user can reach it (the state dir is 0700);
+    in the state dir itself when ``socket_dir`` cannot be made (a daemon not run by
+    root serves its own user only)."""
+    digest = hashlib.sha1(str(state_dir.absolute()).encode()).hexdigest()[:16]
+    try:
+        socket_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if os.access(socket_dir, os.W_OK):
+            return str(socket_dir / f"{digest}.sock")
+    except OSError:
+        pass
     path = str(state_dir / "control.sock")
     if len(path.encode()) < 100:
         return path
-    digest = hashlib.sha1(path.encode()).hexdigest()[:16]
     return f"/tmp/ckptfs-{digest}.sock"
 
 
