@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-staged", help="async mode: closed bytes not yet uploaded past "
                    "which writers wait for uploads (default: half the state dir's free "
                    "space at mount)")
+    m.add_argument("--metrics-address", help="serve Prometheus metrics on "
+                   "http://HOST:PORT/metrics (default: none)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -160,7 +162,7 @@ MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_wr
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
                   "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
                   "checkpoint_formats", "lease_ttl", "stale_staged_after", "store_timeout",
-                  "stop_timeout", "max_staged")
+                  "stop_timeout", "max_staged", "metrics_address")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -251,7 +253,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
                         endpoint_url=settings.endpoint_url,
-                        single_writer=settings.single_writer, config=config)
+                        single_writer=settings.single_writer, config=config,
+                        metrics_address=settings.metrics_address)
     ready_fd = args.ready_fd
 
     def on_ready() -> None:

@@ -128,6 +128,15 @@ def parse_checkpoint_formats(value) -> tuple[str, ...]:
         raise ConfigError(str(exc)) from None
 
 
+def parse_metrics_address(value) -> str:
+    from .metrics import parse_address
+    try:
+        parse_address(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (give HOST:PORT, e.g. 127.0.0.1:9464)") from None
+    return str(value)
+
+
 _KEYS = {
     "store": str,
     "endpoint_url": str,
@@ -156,6 +165,8 @@ _KEYS = {
     # Async mode: closed bytes not yet uploaded past which writers wait for uploads
     # (default: half the state dir's free space at mount).
     "max_staged": _size_between(1 << 20, 1 << 60),
+    # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
+    "metrics_address": parse_metrics_address,
 }
 
 
@@ -182,6 +193,7 @@ class Settings:
     store_timeout: float = 60.0
     stop_timeout: float = 600.0
     max_staged: int | None = None
+    metrics_address: str | None = None
     profiles: Profiles = field(default_factory=Profiles)
 
 

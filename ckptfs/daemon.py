@@ -49,6 +49,7 @@ class MountOptions:
     single_writer: bool = False
     allow_other: bool = True
     config: Config | None = None
+    metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
 
 
 SOCKET_DIR = Path("/run/ckptfs")
@@ -255,6 +256,7 @@ class Daemon:
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
+        self.metrics = None             # metrics.Metrics with --metrics-address
         self._shutdown = trio.Event()
         self._terminated = False
         # Stopping (umount, SIGTERM): pending uploads are waited for until ``_stop_at``
@@ -308,8 +310,9 @@ class Daemon:
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
+                metrics = self._start_metrics(fs, staging)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                              writeback_cache=self.config.writeback_cache)
+                              writeback_cache=self.config.writeback_cache, metrics=metrics)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if opts.allow_other:
@@ -356,12 +359,51 @@ class Daemon:
                 store.close()
                 nursery.cancel_scope.cancel()
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             staging.close_all()
             ns.close()
             try:
                 os.unlink(control_path)
             except FileNotFoundError:
                 pass
+
+    def _start_metrics(self, fs: Filesystem, staging: Staging):
+        """The metrics object, serving on ``--metrics-address`` (None without one)."""
+        if not self.opts.metrics_address:
+            return None
+        from .metrics import Metrics, Snapshot
+        token = trio.lowlevel.current_trio_token()
+
+        def take() -> Snapshot:      # on the trio thread: nothing changes meanwhile
+            pending = self.pending()
+            cache = fs.cache
+            return Snapshot(upload=dict(vars(fs.uploader.stats)), store=self.stats.snapshot(),
+                            cache={"hits": cache.hits, "misses": cache.misses,
+                                   "evictions": cache.evictions,
+                                   "corrupt_events": cache.corrupt_events,
+                                   "total": cache.total, "limit": cache.limit},
+                            pending_uploads=pending["pending_uploads"],
+                            pending_bytes=pending["pending_bytes"],
+                            open_handles=len(fs.handles))
+
+        def snapshot() -> Snapshot | None:   # in the HTTP server's thread
+            if self._terminated:
+                return None
+            try:
+                return trio.from_thread.run_sync(take, trio_token=token)
+            except trio.RunFinishedError:
+                return None
+
+        metrics = Metrics()
+        metrics.attach(snapshot)
+        fs.observe = metrics.observe
+        try:
+            metrics.serve(self.opts.metrics_address)
+        except (OSError, ValueError) as exc:
+            raise MountError(f"metrics address {self.opts.metrics_address}: {exc}") from None
+        self.metrics = metrics
+        return metrics
 
     async def _ready_after_init(self, on_ready, url: str) -> None:
         # The kernel sets the device's read-ahead when it processes FUSE_INIT, which

@@ -150,6 +150,7 @@ class Filesystem:
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
+        self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
         self.last_write = 0.0
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
@@ -1499,6 +1500,7 @@ class Filesystem:
             self.ns.save(inode)
         await self.cache.collect()
         self.uploader.stats.publishes += 1
+        self.observe("publish", time.monotonic() - started)
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
         self.leases.settle(ino)
@@ -2316,6 +2318,7 @@ class Filesystem:
     async def seal(self, ino: int) -> bool:
         """Make a staged directory visible: after everything closed below it is in the
         store, rewrite its entry with ``staged: false`` (one PUT).  Idempotent."""
+        started = time.monotonic()
         inode = self.ns.get(ino)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
@@ -2338,6 +2341,7 @@ class Filesystem:
                 raise
         self._drop_rt(ino)
         self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)
         return True
 
     async def _seal_for_leases(self, ino: int) -> bool:
@@ -2527,6 +2531,7 @@ class Filesystem:
         raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
+        started = time.monotonic()
         ino = record["ino"]
         await self._wait_publishes_before(seq, ino)
         inode = self.ns.maybe_get(ino)
@@ -2552,6 +2557,7 @@ class Filesystem:
                 raise
         self._drop_rt(ino)
         self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)
 
     # ------------------------------------------------------------------ prefetch
 
