@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show what a mount is doing")
     s.add_argument("mountpoint", type=Path)
     s.add_argument("--json", action="store_true", help="the daemon's full report as JSON")
+    s.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes "
+                   "with --watch (default 2)")
     s.add_argument("--staged", action="store_true", help="list this node's staged "
                    "(unsealed, unlisted) checkpoint directories: idle time, state, path")
 
@@ -138,6 +141,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "umount":
         return cmd_umount(args.mountpoint, args.timeout)
     if args.command == "status":
+        if args.watch or not (args.json or args.staged):
+            return cmd_status_text(args.mountpoint, args.watch, args.interval)
         return cmd_status(args.mountpoint, args.staged)
     if args.command == "wait":
         return cmd_wait(args.path, args.timeout)
@@ -295,19 +300,29 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
     request: dict = {"cmd": "umount"}
     if timeout is not None:
         request["timeout"] = timeout
+    from .display import Bar
     done: dict | None = None
+    said = False
     try:
-        for reply in control_request(mountpoint, request):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                done = reply
-            elif "pending_uploads" in reply:
-                failing = len(reply.get("failing") or {})
-                print(f"ckptfs: waiting for {reply['pending_uploads']} pending upload(s) "
-                      f"({_mib(reply.get('pending_bytes', 0))}"
-                      f"{f', {failing} failing' if failing else ''}), at most "
-                      f"{reply.get('remaining', 0):.0f} s more", file=sys.stderr, flush=True)
+        with Bar("unmounting: pending uploads") as bar:
+            first = None
+            for reply in control_request(mountpoint, request):
+                if reply.get("error"):
+                    return fail(reply["error"])
+                if reply.get("done"):
+                    done = reply
+                elif "pending_uploads" in reply:
+                    failing = len(reply.get("failing") or {})
+                    line = (f"waiting for {reply['pending_uploads']} pending upload(s) "
+                            f"({_mib(reply.get('pending_bytes', 0))}"
+                            f"{f', {failing} failing' if failing else ''}), at most "
+                            f"{reply.get('remaining', 0):.0f} s more")
+                    first = reply["pending_uploads"] if first is None else first
+                    bar.update(completed=first - reply["pending_uploads"], total=first,
+                               description=line)
+                    if not said and not bar.active:      # once, for logs
+                        print(f"ckptfs: {line}", file=sys.stderr, flush=True)
+                        said = True
     except ConnectionError as exc:
         if "daemon is gone" in str(exc):
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
@@ -324,6 +339,28 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
     if left:
         print(f"ckptfs: unmounted {mountpoint}; {left} upload(s) not finished stay journaled "
               f"in {done.get('state_dir')}; the next mount resumes them", file=sys.stderr)
+    return 0
+
+
+def cmd_status_text(mountpoint: Path, watch: bool, interval: float) -> int:
+    from .api import refused
+    from .display import status_text
+    from .display import watch as watch_loop
+
+    def fetch() -> str:
+        for reply in control_request(mountpoint.absolute(), {"cmd": "status"}):
+            if reply.get("error"):
+                raise refused(reply)
+            return status_text(reply)
+        raise ConnectionError(f"{mountpoint}: the daemon closed the connection early")
+
+    try:
+        if watch:
+            watch_loop(fetch, max(0.1, interval))
+        else:
+            print(fetch())
+    except OSError as exc:
+        return fail(exc.strerror or str(exc))
     return 0
 
 
@@ -391,9 +428,9 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
     if grace is not None:
         request["grace"] = grace
     try:
-        replies = control_request(mountpoint.absolute(), request)
-        if sys.stderr.isatty():
-            print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
+        from .display import Bar
+        with Bar("gc: walking the store", kind="spin"):
+            replies = list(control_request(mountpoint.absolute(), request))
         for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])
@@ -426,16 +463,19 @@ def cmd_prefetch(path: Path) -> int:
     path = path.absolute()
     if not path.exists():
         return fail(f"{path}: no such file or directory")
-    tty = sys.stderr.isatty()
+    from .display import Bar
     try:
-        for reply in control_request(_mount_of(path), {"cmd": "prefetch", "path": str(path)}):
+        with Bar(f"prefetch {path.name}", kind="bytes") as bar:
+            replies = []
+            for reply in control_request(_mount_of(path), {"cmd": "prefetch",
+                                                           "path": str(path)}):
+                if "progress" in reply:
+                    bar.update(completed=reply["progress"], total=reply["total"])
+                else:
+                    replies.append(reply)
+        for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])
-            if "progress" in reply:
-                total = reply["total"] or 1
-                line = (f"ckptfs: prefetch {reply['progress'] / 2**20:.0f}/"
-                        f"{reply['total'] / 2**20:.0f} MiB ({100 * reply['progress'] / total:.0f}%)")
-                print(line, end="\r" if tty else "\n", file=sys.stderr, flush=True)
             if reply.get("done"):
                 for failure in reply["failed"]:
                     print(f"ckptfs: prefetch failed: {failure}", file=sys.stderr)
@@ -450,15 +490,23 @@ def cmd_prefetch(path: Path) -> int:
 
 def cmd_wait(path: Path, timeout: float | None = None) -> int:
     from . import api
+    from .display import Bar
 
-    def progress(reply: dict) -> None:
-        print(f"ckptfs: {reply['pending_uploads']} upload(s) pending "
-              f"({_mib(reply.get('pending_bytes', 0))})", file=sys.stderr, flush=True)
+    with Bar("waiting for uploads") as bar:
+        first: list[int] = []
 
-    try:
-        api.wait(path, timeout, progress)
-    except TimeoutError:
-        return fail(f"{path}: not durable after {timeout:g} s")
-    except OSError as exc:
-        return fail(exc.strerror or str(exc))
+        def progress(reply: dict) -> None:
+            n = reply["pending_uploads"]
+            if not first:
+                first.append(n)
+            bar.update(completed=max(0, first[0] - n), total=max(first[0], n),
+                       description=f"{n} upload(s) pending "
+                                   f"({_mib(reply.get('pending_bytes', 0))})")
+
+        try:
+            api.wait(path, timeout, progress)
+        except TimeoutError:
+            return fail(f"{path}: not durable after {timeout:g} s")
+        except OSError as exc:
+            return fail(exc.strerror or str(exc))
     return 0

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -525,7 +526,14 @@ class Daemon:
                 "held_leases": fs.leases.held_report(),
                 "lease_requests": vars(fs.leases.stats),
                 "stale_staged": [d.to_json() for d in self.stale.stale()],
-                "stale_staged_after": self.config.stale_staged_after}
+                "stale_staged_after": self.config.stale_staged_after,
+                "pending_bytes": self.pending()["pending_bytes"],
+                "oldest_pending_s": self._oldest_pending(),
+                "cache_limit": fs.cache.limit}
+
+    def _oldest_pending(self) -> float | None:
+        since = [t for ino, t in self.fs.queue.since.items() if ino in self.fs.queue.queued]
+        return round(time.monotonic() - min(since), 1) if since else None
 
     async def _shutdown_when_asked(self) -> None:
         await self._shutdown.wait()
