@@ -259,7 +259,8 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
                         endpoint_url=settings.endpoint_url,
                         single_writer=settings.single_writer, config=config,
-                        metrics_address=settings.metrics_address)
+                        metrics_address=settings.metrics_address,
+                        retention=settings.retention)
     ready_fd = args.ready_fd
 
     def on_ready() -> None:

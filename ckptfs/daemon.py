@@ -26,7 +26,7 @@ from .control import ControlServer
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
-from .namespace import Namespace
+from .namespace import ROOT_INO, Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
@@ -51,6 +51,7 @@ class MountOptions:
     allow_other: bool = True
     config: Config | None = None
     metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
+    retention: tuple = ()                   # retention.Rule per [[retention]] table
 
 
 SOCKET_DIR = Path("/run/ckptfs")
@@ -258,6 +259,7 @@ class Daemon:
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
+        self.retention = None           # retention.Retention with [[retention]] rules
         self._shutdown = trio.Event()
         self._terminated = False
         # Stopping (umount, SIGTERM): pending uploads are waited for until ``_stop_at``
@@ -312,6 +314,7 @@ class Daemon:
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
                 metrics = self._start_metrics(fs, staging)
+                self._start_retention(fs, nursery)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
                               writeback_cache=self.config.writeback_cache, metrics=metrics)
                 options = set(pyfuse3.default_options)
@@ -368,6 +371,43 @@ class Daemon:
                 os.unlink(control_path)
             except FileNotFoundError:
                 pass
+
+    def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
+        if not self.opts.retention:
+            return
+        from .retention import Hooks, Retention
+
+        def open_below(parent: int, name: str) -> bool:
+            top = fs.ns.lookup(parent, name.encode("utf-8", "surrogateescape"))
+            if top is None:
+                return False
+            for handle in list(fs.handles.values()):
+                cur = fs.ns.maybe_get(handle.ino)
+                while cur is not None and cur.parent and cur.ino != ROOT_INO:
+                    if cur.ino == top:
+                        return True
+                    cur = fs.ns.maybe_get(cur.parent)
+            return False
+
+        async def forget(parent: int, name: str) -> None:
+            await fs.refresh_dir(parent, force=True)
+            await self._invalidate_entry(parent, name.encode("utf-8", "surrogateescape"))
+
+        def path_of(ino: int) -> str:
+            return str(self.opts.mountpoint) + os.fsdecode(fs.ns.path_of(ino)).rstrip("/")
+
+        retention = self.retention = Retention(self.opts.retention, fs.store,
+                                               self.config.profiles,
+                                               Hooks(open_below, forget, path_of))
+        if self.metrics is not None:
+            retention.on_removed = self.metrics.retention_removed.inc
+
+        def after_seal(inode) -> None:
+            parent = fs.ns.maybe_get(inode.parent)
+            if parent is not None and retention.rule_for(os.fsdecode(inode.name)):
+                nursery.start_soon(retention.after_seal, parent.ino, parent.dir_id,
+                                   os.fsdecode(inode.name))
+        fs.after_seal = after_seal
 
     def _start_metrics(self, fs: Filesystem, staging: Staging):
         """The metrics object, serving on ``--metrics-address`` (None without one)."""
@@ -529,7 +569,8 @@ class Daemon:
                 "stale_staged_after": self.config.stale_staged_after,
                 "pending_bytes": self.pending()["pending_bytes"],
                 "oldest_pending_s": self._oldest_pending(),
-                "cache_limit": fs.cache.limit}
+                "cache_limit": fs.cache.limit,
+                "retention_removed": list(self.retention.removed) if self.retention else []}
 
     def _oldest_pending(self) -> float | None:
         since = [t for ino, t in self.fs.queue.since.items() if ino in self.fs.queue.queued]

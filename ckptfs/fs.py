@@ -151,6 +151,7 @@ class Filesystem:
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
         self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
+        self.after_seal: Callable[[Inode], None] = lambda inode: None
         self.last_write = 0.0
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
@@ -245,7 +246,8 @@ class Filesystem:
                      id=inode.dir_id, target=inode.target,
                      staged=inode.staged and inode.type == "dir",
                      rdev=inode.rdev, xattrs=dict(inode.xattrs),
-                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1)
+                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
+                     sealed_at=inode.sealed_at)
 
     def nlink(self, inode: Inode) -> int:
         """st_nlink: a directory has 2 + its subdirectories; anything else its names."""
@@ -640,7 +642,8 @@ class Filesystem:
                                  mtime_ns=entry.mtime_ns, rdev=entry.rdev,
                                  xattrs=dict(entry.xattrs), link_id=entry.link,
                                  remote_nlink=entry.nlink if entry.link else 0,
-                                 staged=entry.staged and entry.type == "dir")
+                                 staged=entry.staged and entry.type == "dir",
+                                 sealed_at=entry.sealed_at)
 
     def _forget_subtree(self, inode: Inode, parent: int | None = None,
                         name: bytes | None = None) -> None:
@@ -2332,7 +2335,7 @@ class Filesystem:
             inode = self.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return False
-            inode.staged = False
+            inode.staged, inode.sealed_at = False, time.time()
             try:
                 await self._rewrite_entry(inode)
             except BaseException:
@@ -2354,6 +2357,7 @@ class Filesystem:
     def _sealed(self, inode: Inode) -> None:
         self._touch_dir(inode.parent)
         log.info("sealed %s", self._path_for_log(inode))
+        self.after_seal(inode)          # retention (retention.py)
         self.invalidate(inode.parent)
         self._release_pointers()
 
@@ -2546,7 +2550,7 @@ class Filesystem:
             inode = self.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return
-            inode.staged = False
+            inode.staged, inode.sealed_at = False, time.time()
             try:
                 await self._rewrite_entry(inode, key)
             except BaseException as exc:
