@@ -124,6 +124,13 @@ def fail(message: str, code: int = 1) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from .fstab import FstabError, is_helper_call, mount_argv
+    if is_helper_call(argv):        # mount.fuse3: ckptfs STORE_URL MOUNTPOINT -o ...
+        try:
+            argv = mount_argv(argv)
+        except FstabError as exc:
+            return fail(str(exc))
     args = build_parser().parse_args(argv)
     try:
         return run_command(args)
