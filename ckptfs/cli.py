@@ -4,11 +4,9 @@ client.  Each failure ends with one line on stderr and a non-zero exit."""
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -63,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-staged", help="async mode: closed bytes not yet uploaded past "
                    "which writers wait for uploads (default: half the state dir's free "
                    "space at mount)")
+    m.add_argument("--metrics-address", help="serve Prometheus metrics on "
+                   "http://HOST:PORT/metrics (default: none)")
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -76,11 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="show what a mount is doing")
     s.add_argument("mountpoint", type=Path)
+    s.add_argument("--json", action="store_true", help="the daemon's full report as JSON")
+    s.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes "
+                   "with --watch (default 2)")
     s.add_argument("--staged", action="store_true", help="list this node's staged "
                    "(unsealed, unlisted) checkpoint directories: idle time, state, path")
 
     w = sub.add_parser("wait", help="block until everything closed under a mount is durable")
     w.add_argument("path", type=Path)
+    w.add_argument("--timeout", type=_timeout_arg, default=None,
+                   help="give up after this many seconds (exit 1)")
+    st = sub.add_parser("state", help="print the state of a path: staged, uploading, "
+                        "published, remote or cached")
+    st.add_argument("path", type=Path)
     c = sub.add_parser("commit", help="seal a staged checkpoint directory (make it listed)")
     c.add_argument("path", type=Path)
 
@@ -115,6 +124,13 @@ def fail(message: str, code: int = 1) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from .fstab import FstabError, is_helper_call, mount_argv
+    if is_helper_call(argv):        # mount.fuse3: ckptfs STORE_URL MOUNTPOINT -o ...
+        try:
+            argv = mount_argv(argv)
+        except FstabError as exc:
+            return fail(str(exc))
     args = build_parser().parse_args(argv)
     try:
         return run_command(args)
@@ -132,9 +148,13 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "umount":
         return cmd_umount(args.mountpoint, args.timeout)
     if args.command == "status":
+        if args.watch or not (args.json or args.staged):
+            return cmd_status_text(args.mountpoint, args.watch, args.interval)
         return cmd_status(args.mountpoint, args.staged)
     if args.command == "wait":
-        return cmd_wait(args.path)
+        return cmd_wait(args.path, args.timeout)
+    if args.command == "state":
+        return cmd_state(args.path)
     if args.command == "commit":
         return cmd_commit(args.path)
     if args.command == "gc":
@@ -154,7 +174,7 @@ MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_wr
                   "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
                   "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
                   "checkpoint_formats", "lease_ttl", "stale_staged_after", "store_timeout",
-                  "stop_timeout", "max_staged")
+                  "stop_timeout", "max_staged", "metrics_address")
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -245,7 +265,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
                         endpoint_url=settings.endpoint_url,
-                        single_writer=settings.single_writer, config=config)
+                        single_writer=settings.single_writer, config=config,
+                        metrics_address=settings.metrics_address,
+                        retention=settings.retention)
     ready_fd = args.ready_fd
 
     def on_ready() -> None:
@@ -272,54 +294,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
 
 
 def control_request(mountpoint: Path, request: dict):
-    """Send a request to the daemon serving ``mountpoint``; return an iterator over its
-    replies.  Every failure to reach or understand the daemon is a ``ConnectionError``
-    with one line (raised here when the daemon cannot be reached at all)."""
-    try:
-        path = os.getxattr(mountpoint, "user.ckptfs.control").decode()
-    except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
-            raise ConnectionError(f"{mountpoint}: the daemon is gone (transport endpoint "
-                                  "not connected)") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise ConnectionError(f"{mountpoint}: permission denied ({exc.strerror}); "
-                                  "ckptfs commands need the mount's owner (root)") from None
-        raise ConnectionError(f"{mountpoint} is not a ckptfs mount ({exc.strerror})") from None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        sock.close()
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise ConnectionError(f"{mountpoint}: permission denied on the control socket "
-                                  f"{path}; ckptfs commands need the mount's owner "
-                                  "(root)") from None
-        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
-            raise ConnectionError(f"{mountpoint}: the daemon's control socket {path} is gone "
-                                  f"({exc.strerror}); is the daemon still running?") from None
-        raise ConnectionError(f"{mountpoint}: cannot reach the daemon at {path} "
-                              f"({exc.strerror})") from None
-    try:
-        sock.sendall(json.dumps(request).encode() + b"\n")
-    except OSError as exc:
-        sock.close()
-        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
-                              f"({exc.strerror or exc})") from None
-    return _replies(mountpoint, sock)
-
-
-def _replies(mountpoint: Path, sock: socket.socket):
-    try:
-        with sock, sock.makefile("rb") as replies:
-            for line in replies:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    raise ConnectionError(f"{mountpoint}: the daemon sent a reply that is "
-                                          f"not JSON: {line[:80]!r}") from None
-    except OSError as exc:
-        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
-                              f"({exc.strerror or exc})") from None
+    """Replies of the daemon serving ``mountpoint`` (api.request: one client)."""
+    from .api import request as send
+    return send(mountpoint, request)
 
 
 def _mib(n: int) -> str:
@@ -331,19 +308,29 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
     request: dict = {"cmd": "umount"}
     if timeout is not None:
         request["timeout"] = timeout
+    from .display import Bar
     done: dict | None = None
+    said = False
     try:
-        for reply in control_request(mountpoint, request):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                done = reply
-            elif "pending_uploads" in reply:
-                failing = len(reply.get("failing") or {})
-                print(f"ckptfs: waiting for {reply['pending_uploads']} pending upload(s) "
-                      f"({_mib(reply.get('pending_bytes', 0))}"
-                      f"{f', {failing} failing' if failing else ''}), at most "
-                      f"{reply.get('remaining', 0):.0f} s more", file=sys.stderr, flush=True)
+        with Bar("unmounting: pending uploads") as bar:
+            first = None
+            for reply in control_request(mountpoint, request):
+                if reply.get("error"):
+                    return fail(reply["error"])
+                if reply.get("done"):
+                    done = reply
+                elif "pending_uploads" in reply:
+                    failing = len(reply.get("failing") or {})
+                    line = (f"waiting for {reply['pending_uploads']} pending upload(s) "
+                            f"({_mib(reply.get('pending_bytes', 0))}"
+                            f"{f', {failing} failing' if failing else ''}), at most "
+                            f"{reply.get('remaining', 0):.0f} s more")
+                    first = reply["pending_uploads"] if first is None else first
+                    bar.update(completed=first - reply["pending_uploads"], total=first,
+                               description=line)
+                    if not said and not bar.active:      # once, for logs
+                        print(f"ckptfs: {line}", file=sys.stderr, flush=True)
+                        said = True
     except ConnectionError as exc:
         if "daemon is gone" in str(exc):
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
@@ -360,6 +347,28 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
     if left:
         print(f"ckptfs: unmounted {mountpoint}; {left} upload(s) not finished stay journaled "
               f"in {done.get('state_dir')}; the next mount resumes them", file=sys.stderr)
+    return 0
+
+
+def cmd_status_text(mountpoint: Path, watch: bool, interval: float) -> int:
+    from .api import refused
+    from .display import status_text
+    from .display import watch as watch_loop
+
+    def fetch() -> str:
+        for reply in control_request(mountpoint.absolute(), {"cmd": "status"}):
+            if reply.get("error"):
+                raise refused(reply)
+            return status_text(reply)
+        raise ConnectionError(f"{mountpoint}: the daemon closed the connection early")
+
+    try:
+        if watch:
+            watch_loop(fetch, max(0.1, interval))
+        else:
+            print(fetch())
+    except OSError as exc:
+        return fail(exc.strerror or str(exc))
     return 0
 
 
@@ -384,39 +393,42 @@ def cmd_status(mountpoint: Path, staged: bool = False) -> int:
     return 0
 
 
-def mount_of(path: Path) -> Path:
-    mount = path.absolute()
-    while not os.path.ismount(mount) and mount != mount.parent:
-        mount = mount.parent
-    return mount
-
-
 def cmd_commit(path: Path) -> int:
+    from . import api
     path = path.absolute()
     if not path.is_dir():
         return fail(f"{path}: not a directory")
     try:
-        for reply in control_request(mount_of(path), {"cmd": "commit", "path": str(path)}):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                pending = reply.get("pending")
-                if pending:
-                    print(f"ckptfs: seal pending: {path} waits for node(s) "
-                          f"{', '.join(pending['waiting_for'])} still writing below it"
-                          + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
-                          + "; it completes by itself, `ckptfs status` shows it")
-                    return 3
-                if reply.get("journaled"):
-                    print(f"ckptfs: seal journaled (async mode): {path} appears sealed on "
-                          f"every node once the uploads below it are in the store; "
-                          f"`ckptfs wait` waits for that")
-                    return 0
-                print(f"ckptfs: {'sealed' if reply['sealed'] else 'already visible'}: {path}")
-                return 0
-    except ConnectionError as exc:
-        return fail(str(exc))
-    return fail("the daemon closed the connection early")
+        result = api.commit(path)
+    except OSError as exc:      # ConnectionError, or the daemon's refusal
+        return fail(exc.strerror or str(exc))
+    pending = result.pending
+    if pending:
+        print(f"ckptfs: seal pending: {path} waits for node(s) "
+              f"{', '.join(pending['waiting_for'])} still writing below it"
+              + (f" (dead: {', '.join(pending['dead'])})" if pending["dead"] else "")
+              + "; it completes by itself, `ckptfs status` shows it")
+        return 3
+    if result.journaled:
+        print(f"ckptfs: seal journaled (async mode): {path} appears sealed on every node "
+              f"once the uploads below it are in the store; `ckptfs wait` waits for that")
+        return 0
+    print(f"ckptfs: {'sealed' if result.sealed else 'already visible'}: {path}")
+    return 0
+
+
+def cmd_state(path: Path) -> int:
+    from . import api
+    try:
+        print(api.state(path))
+    except OSError as exc:
+        return fail(exc.strerror or str(exc))
+    return 0
+
+
+def _mount_of(path: Path) -> Path:
+    from .api import mount_of
+    return mount_of(path)
 
 
 def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
@@ -424,8 +436,9 @@ def cmd_gc(mountpoint: Path, dry_run: bool, grace: float | None) -> int:
     if grace is not None:
         request["grace"] = grace
     try:
-        replies = control_request(mountpoint.absolute(), request)
-        print("ckptfs: gc: walking the store ...", file=sys.stderr, flush=True)
+        from .display import Bar
+        with Bar("gc: walking the store", kind="spin"):
+            replies = list(control_request(mountpoint.absolute(), request))
         for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])
@@ -458,16 +471,19 @@ def cmd_prefetch(path: Path) -> int:
     path = path.absolute()
     if not path.exists():
         return fail(f"{path}: no such file or directory")
-    tty = sys.stderr.isatty()
+    from .display import Bar
     try:
-        for reply in control_request(mount_of(path), {"cmd": "prefetch", "path": str(path)}):
+        with Bar(f"prefetch {path.name}", kind="bytes") as bar:
+            replies = []
+            for reply in control_request(_mount_of(path), {"cmd": "prefetch",
+                                                           "path": str(path)}):
+                if "progress" in reply:
+                    bar.update(completed=reply["progress"], total=reply["total"])
+                else:
+                    replies.append(reply)
+        for reply in replies:
             if reply.get("error"):
                 return fail(reply["error"])
-            if "progress" in reply:
-                total = reply["total"] or 1
-                line = (f"ckptfs: prefetch {reply['progress'] / 2**20:.0f}/"
-                        f"{reply['total'] / 2**20:.0f} MiB ({100 * reply['progress'] / total:.0f}%)")
-                print(line, end="\r" if tty else "\n", file=sys.stderr, flush=True)
             if reply.get("done"):
                 for failure in reply["failed"]:
                     print(f"ckptfs: prefetch failed: {failure}", file=sys.stderr)
@@ -480,17 +496,25 @@ def cmd_prefetch(path: Path) -> int:
     return fail("the daemon closed the connection early")
 
 
-def cmd_wait(path: Path) -> int:
-    mount = mount_of(path)
-    try:
-        for reply in control_request(mount, {"cmd": "wait"}):
-            if reply.get("error"):
-                return fail(reply["error"])
-            if reply.get("done"):
-                return 0
-            if "pending_uploads" in reply:
-                print(f"ckptfs: {reply['pending_uploads']} upload(s) pending "
-                      f"({_mib(reply.get('pending_bytes', 0))})", file=sys.stderr, flush=True)
-    except ConnectionError as exc:
-        return fail(str(exc))
-    return fail(f"{mount}: the daemon closed the connection early")
+def cmd_wait(path: Path, timeout: float | None = None) -> int:
+    from . import api
+    from .display import Bar
+
+    with Bar("waiting for uploads") as bar:
+        first: list[int] = []
+
+        def progress(reply: dict) -> None:
+            n = reply["pending_uploads"]
+            if not first:
+                first.append(n)
+            bar.update(completed=max(0, first[0] - n), total=max(first[0], n),
+                       description=f"{n} upload(s) pending "
+                                   f"({_mib(reply.get('pending_bytes', 0))})")
+
+        try:
+            api.wait(path, timeout, progress)
+        except TimeoutError:
+            return fail(f"{path}: not durable after {timeout:g} s")
+        except OSError as exc:
+            return fail(exc.strerror or str(exc))
+    return 0

@@ -128,6 +128,15 @@ def parse_checkpoint_formats(value) -> tuple[str, ...]:
         raise ConfigError(str(exc)) from None
 
 
+def parse_metrics_address(value) -> str:
+    from .metrics import parse_address
+    try:
+        parse_address(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (give HOST:PORT, e.g. 127.0.0.1:9464)") from None
+    return str(value)
+
+
 _KEYS = {
     "store": str,
     "endpoint_url": str,
@@ -156,6 +165,8 @@ _KEYS = {
     # Async mode: closed bytes not yet uploaded past which writers wait for uploads
     # (default: half the state dir's free space at mount).
     "max_staged": _size_between(1 << 20, 1 << 60),
+    # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
+    "metrics_address": parse_metrics_address,
 }
 
 
@@ -182,7 +193,9 @@ class Settings:
     store_timeout: float = 60.0
     stop_timeout: float = 600.0
     max_staged: int | None = None
+    metrics_address: str | None = None
     profiles: Profiles = field(default_factory=Profiles)
+    retention: tuple = ()           # retention.Rule per [[retention]] table
 
 
 def _profiles(raw) -> Profiles:
@@ -207,6 +220,27 @@ def _profiles(raw) -> Profiles:
     return Profiles(tuple(out))
 
 
+def _retention(raw) -> tuple:
+    from .retention import Rule
+    if not isinstance(raw, list):
+        raise ConfigError("retention must be an array of tables ([[retention]])")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConfigError(f"retention[{i}] is not a table")
+        unknown = set(item) - {"pattern", "keep_last"}
+        if unknown:
+            raise ConfigError(f"retention[{i}]: unknown key(s) {', '.join(sorted(unknown))}")
+        if not isinstance(item.get("pattern"), str) or not item["pattern"]:
+            raise ConfigError(f"retention[{i}] needs a pattern")
+        keep = item.get("keep_last")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ConfigError(f"retention[{i}]: keep_last must be a whole number of at "
+                              f"least 1, not {keep!r}")
+        out.append(Rule(item["pattern"], keep))
+    return tuple(out)
+
+
 def load(config_file: Path | None, env: dict[str, str], flags: dict) -> Settings:
     """Merge defaults < file < environment < flags (flags whose value is None are unset)."""
     settings = Settings()
@@ -220,12 +254,14 @@ def load(config_file: Path | None, env: dict[str, str], flags: dict) -> Settings
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
-        unknown = set(doc) - set(_KEYS) - {"profiles", "extra_profiles"}
+        unknown = set(doc) - set(_KEYS) - {"profiles", "extra_profiles", "retention"}
         if unknown:
             raise ConfigError(f"config file {path}: unknown key(s) {', '.join(sorted(unknown))}")
         for key, value in doc.items():
             if key == "profiles":
                 settings.profiles = _profiles(value)
+            elif key == "retention":
+                settings.retention = _retention(value)
             elif key == "extra_profiles":
                 settings.profiles = Profiles(DEFAULT_PROFILES + _profiles(value).profiles)
             else:

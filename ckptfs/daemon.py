@@ -10,7 +10,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import logging
 import os
 import signal
@@ -23,11 +22,11 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from .errors import FsError
+from .control import ControlServer
 from .fs import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
-from .namespace import Namespace
+from .namespace import ROOT_INO, Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
@@ -51,13 +50,28 @@ class MountOptions:
     single_writer: bool = False
     allow_other: bool = True
     config: Config | None = None
+    metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
+    retention: tuple = ()                   # retention.Rule per [[retention]] table
 
 
-def control_socket_path(state_dir: Path) -> str:
+SOCKET_DIR = Path("/run/ckptfs")
+
+
+def control_socket_path(state_dir: Path, socket_dir: Path = SOCKET_DIR) -> str:
+    """Where the control socket lives: in ``socket_dir`` (root's, mode 0755), named by
+    the state dir, so that every local user can reach it (the state dir is 0700);
+    in the state dir itself when ``socket_dir`` cannot be made (a daemon not run by
+    root serves its own user only)."""
+    digest = hashlib.sha1(str(state_dir.absolute()).encode()).hexdigest()[:16]
+    try:
+        socket_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if os.access(socket_dir, os.W_OK):
+            return str(socket_dir / f"{digest}.sock")
+    except OSError:
+        pass
     path = str(state_dir / "control.sock")
     if len(path.encode()) < 100:
         return path
-    digest = hashlib.sha1(path.encode()).hexdigest()[:16]
     return f"/tmp/ckptfs-{digest}.sock"
 
 
@@ -244,6 +258,8 @@ class Daemon:
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
+        self.metrics = None             # metrics.Metrics with --metrics-address
+        self.retention = None           # retention.Retention with [[retention]] rules
         self._shutdown = trio.Event()
         self._terminated = False
         # Stopping (umount, SIGTERM): pending uploads are waited for until ``_stop_at``
@@ -297,8 +313,10 @@ class Daemon:
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
+                metrics = self._start_metrics(fs, staging)
+                self._start_retention(fs, nursery)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                              writeback_cache=self.config.writeback_cache)
+                              writeback_cache=self.config.writeback_cache, metrics=metrics)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if opts.allow_other:
@@ -315,7 +333,7 @@ class Daemon:
                     fs.leases.restore()
                     await nursery.start(fs.leases.run)
                     nursery.start_soon(self.stale.run)
-                    await nursery.start(self._serve_control, control_path)
+                    await nursery.start(ControlServer(self, control_path).serve)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
                     nursery.start_soon(self._ready_after_init, on_ready, store.url)
@@ -345,12 +363,88 @@ class Daemon:
                 store.close()
                 nursery.cancel_scope.cancel()
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             staging.close_all()
             ns.close()
             try:
                 os.unlink(control_path)
             except FileNotFoundError:
                 pass
+
+    def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
+        if not self.opts.retention:
+            return
+        from .retention import Hooks, Retention
+
+        def open_below(parent: int, name: str) -> bool:
+            top = fs.ns.lookup(parent, name.encode("utf-8", "surrogateescape"))
+            if top is None:
+                return False
+            for handle in list(fs.handles.values()):
+                cur = fs.ns.maybe_get(handle.ino)
+                while cur is not None and cur.parent and cur.ino != ROOT_INO:
+                    if cur.ino == top:
+                        return True
+                    cur = fs.ns.maybe_get(cur.parent)
+            return False
+
+        async def forget(parent: int, name: str) -> None:
+            await fs.refresh_dir(parent, force=True)
+            await self._invalidate_entry(parent, name.encode("utf-8", "surrogateescape"))
+
+        def path_of(ino: int) -> str:
+            return str(self.opts.mountpoint) + os.fsdecode(fs.ns.path_of(ino)).rstrip("/")
+
+        retention = self.retention = Retention(self.opts.retention, fs.store,
+                                               self.config.profiles,
+                                               Hooks(open_below, forget, path_of))
+        if self.metrics is not None:
+            retention.on_removed = self.metrics.retention_removed.inc
+
+        def after_seal(inode) -> None:
+            parent = fs.ns.maybe_get(inode.parent)
+            if parent is not None and retention.rule_for(os.fsdecode(inode.name)):
+                nursery.start_soon(retention.after_seal, parent.ino, parent.dir_id,
+                                   os.fsdecode(inode.name))
+        fs.after_seal = after_seal
+
+    def _start_metrics(self, fs: Filesystem, staging: Staging):
+        """The metrics object, serving on ``--metrics-address`` (None without one)."""
+        if not self.opts.metrics_address:
+            return None
+        from .metrics import Metrics, Snapshot
+        token = trio.lowlevel.current_trio_token()
+
+        def take() -> Snapshot:      # on the trio thread: nothing changes meanwhile
+            pending = self.pending()
+            cache = fs.cache
+            return Snapshot(upload=dict(vars(fs.uploader.stats)), store=self.stats.snapshot(),
+                            cache={"hits": cache.hits, "misses": cache.misses,
+                                   "evictions": cache.evictions,
+                                   "corrupt_events": cache.corrupt_events,
+                                   "total": cache.total, "limit": cache.limit},
+                            pending_uploads=pending["pending_uploads"],
+                            pending_bytes=pending["pending_bytes"],
+                            open_handles=len(fs.handles))
+
+        def snapshot() -> Snapshot | None:   # in the HTTP server's thread
+            if self._terminated:
+                return None
+            try:
+                return trio.from_thread.run_sync(take, trio_token=token)
+            except trio.RunFinishedError:
+                return None
+
+        metrics = Metrics()
+        metrics.attach(snapshot)
+        fs.observe = metrics.observe
+        try:
+            metrics.serve(self.opts.metrics_address)
+        except (OSError, ValueError) as exc:
+            raise MountError(f"metrics address {self.opts.metrics_address}: {exc}") from None
+        self.metrics = metrics
+        return metrics
 
     async def _ready_after_init(self, on_ready, url: str) -> None:
         # The kernel sets the device's read-ahead when it processes FUSE_INIT, which
@@ -434,17 +528,53 @@ class Daemon:
             finally:
                 self._drains.discard(scope)
 
-    def _pending(self) -> dict:
-        """Pending uploads for a progress line: count, bytes, failures."""
+    def pending(self, inos: set[int] | None = None) -> dict:
+        """Pending uploads (all, or those of ``inos``) for a progress line: count,
+        bytes, failures."""
         fs = self.fs
         assert fs is not None
+        everything = inos is None
+        inos = fs.queue.queued if inos is None else inos
         total = 0
-        for ino in fs.queue.queued:
-            inode = fs.ns.maybe_get(ino)
+        for ino in inos:
+            inode = fs.ns.maybe_get(ino) if ino > 0 else None   # <= 0: a metadata record
             if inode is not None:
                 total += inode.size
-        return {"pending_uploads": fs.pending_uploads(), "pending_bytes": total,
-                "failing": {str(k): v for k, v in fs.queue.failing.items()}}
+        return {"pending_uploads": fs.pending_uploads() if everything else len(inos),
+                "pending_bytes": total,
+                "failing": {str(k): v for k, v in fs.queue.failing.items() if k in inos}}
+
+    # Hooks of the control socket (control.Host).
+    async def drain(self, deadline: float, progress=None) -> None:
+        await self._drain(deadline, progress)
+
+    def stop_deadline(self) -> float | None:
+        return self._stop_at
+
+    def request_stop(self, deadline: float) -> None:
+        self._stop_at = deadline
+        self._shutdown.set()
+
+    def status_doc(self) -> dict:
+        fs = self.fs
+        assert fs is not None and self.stale is not None
+        return {"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
+                "store": self.opts.store_url, "durability": self.config.durability,
+                "fs": fs.stats(), "store_stats": self.stats.snapshot(),
+                "node_id": fs.leases.node_id,
+                "pending_seals": fs.leases.pending_report(),
+                "held_leases": fs.leases.held_report(),
+                "lease_requests": vars(fs.leases.stats),
+                "stale_staged": [d.to_json() for d in self.stale.stale()],
+                "stale_staged_after": self.config.stale_staged_after,
+                "pending_bytes": self.pending()["pending_bytes"],
+                "oldest_pending_s": self._oldest_pending(),
+                "cache_limit": fs.cache.limit,
+                "retention_removed": list(self.retention.removed) if self.retention else []}
+
+    def _oldest_pending(self) -> float | None:
+        since = [t for ino, t in self.fs.queue.since.items() if ino in self.fs.queue.queued]
+        return round(time.monotonic() - min(since), 1) if since else None
 
     async def _shutdown_when_asked(self) -> None:
         await self._shutdown.wait()
@@ -454,182 +584,3 @@ class Daemon:
         sd_notify("STOPPING=1")
         if not self._terminated:
             pyfuse3.terminate()
-
-    async def _serve_control(self, path: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        await sock.bind(path)
-        os.chmod(path, 0o600)
-        sock.listen(16)
-        listener = trio.SocketListener(sock)
-        task_status.started()
-        await trio.serve_listeners(self._control_client, [listener])
-
-    async def _control_client(self, stream: trio.SocketStream) -> None:
-        # A client that goes away (Ctrl-C on `ckptfs wait`) or sends garbage must never
-        # take the daemon down with it.
-        try:
-            await self._serve_request(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            log.debug("control client went away")
-        except Exception:  # noqa: BLE001
-            log.exception("control request failed")
-
-    async def _serve_request(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            data = b""
-            while not data.endswith(b"\n"):
-                piece = await stream.receive_some(65536)
-                if not piece:
-                    return
-                data += piece
-            try:
-                request = json.loads(data)
-                command = request["cmd"]
-            except (ValueError, KeyError, TypeError):
-                await stream.send_all(b'{"error": "bad request"}\n')
-                return
-            fs = self.fs
-            assert fs is not None
-
-            async def send(doc: dict) -> None:
-                await stream.send_all(json.dumps(doc).encode() + b"\n")
-
-            if command == "status":
-                await send({"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
-                            "store": self.opts.store_url, "durability": self.config.durability,
-                            "fs": fs.stats(), "store_stats": self.stats.snapshot(),
-                            "node_id": fs.leases.node_id,
-                            "pending_seals": fs.leases.pending_report(),
-                            "held_leases": fs.leases.held_report(),
-                            "lease_requests": vars(fs.leases.stats),
-                            "stale_staged": [d.to_json() for d in self.stale.stale()],
-                            "stale_staged_after": self.config.stale_staged_after})
-            elif command == "staged":
-                await send({"ok": True, "stale_staged_after": self.config.stale_staged_after,
-                            "staged": [d.to_json() for _, d in self.stale.scan()]})
-            elif command == "wait":
-                while fs.unfinished():
-                    await send(self._pending())
-                    with trio.move_on_after(1):
-                        await fs.wait_idle()
-                if fs.queue.failed:
-                    first = next(iter(fs.queue.failed.values()))
-                    await send({"error": f"{len(fs.queue.failed)} upload(s) failed for good "
-                                f"(not retried until the file is closed again or the next "
-                                f"mount): {first}", **self._pending()})
-                else:
-                    await send({"ok": True, "done": True})
-            elif command == "umount":
-                timeout = request.get("timeout", self.config.stop_timeout)
-                if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
-                        or not math.isfinite(timeout) or timeout < 0:
-                    await send({"error": f"bad timeout {timeout!r}"})
-                    return
-                deadline = trio.current_time() + timeout
-                if self._stop_at is not None:
-                    deadline = min(deadline, self._stop_at)
-
-                async def progress() -> None:
-                    await send({**self._pending(),
-                                "remaining": max(0.0, deadline - trio.current_time())})
-
-                await self._drain(deadline, progress)
-                self._stop_at = min(deadline, trio.current_time())
-                await send({"ok": True, "done": True, "journaled": fs.pending_uploads(),
-                            "failed": len(fs.queue.failed),
-                            "state_dir": str(self.opts.state_dir)})
-                self._shutdown.set()
-            elif command == "commit":
-                await self._commit(fs, request.get("path", ""), send)
-            elif command == "gc":
-                await self._gc(fs, bool(request.get("dry_run")),
-                               float(request.get("grace", self.config.gc_grace)), send)
-            elif command == "prefetch":
-                await self._prefetch(fs, request.get("path", ""), send)
-            else:
-                await send({"error": f"unknown command {command!r}"})
-
-    def _relative(self, path: str) -> bytes | None:
-        relative = os.path.relpath(path, self.opts.mountpoint)
-        return None if relative.startswith("..") else os.fsencode(relative)
-
-    async def _commit(self, fs: Filesystem, path: str, send) -> None:
-        relative = self._relative(path)
-        if relative is None:
-            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
-            return
-        try:
-            inode = await fs.resolve(relative)
-            sealed = await fs.seal(inode.ino)
-        except FsError as exc:
-            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
-            return
-        await send({"done": True, "ok": True, "sealed": sealed,
-                    "journaled": fs.oplog.pending_of("seal", inode.ino),
-                    "pending": fs.leases.pending_of(inode.ino)})
-
-    async def _gc(self, fs: Filesystem, dry_run: bool, grace: float, send) -> None:
-        from .gc import GcConflict, collect
-
-        messages: list[str] = []
-        try:
-            report = await trio.to_thread.run_sync(
-                lambda: collect(fs.store, grace, dry_run, self.config.gc_settle,
-                                progress=messages.append))
-        except (GcConflict, StoreError) as exc:
-            await send({"error": f"gc: {exc}"})
-            return
-        # Local leftovers: staged bytes of killed writers, past the grace period.
-        abandoned = await trio.to_thread.run_sync(
-            sweep_abandoned, self.opts.state_dir / "abandoned", time.time() - grace, dry_run)
-        await send({"done": True, "ok": report.stopped is None, "dry_run": dry_run,
-                    "generation": report.generation,
-                    "staged_trees": report.staged_trees,
-                    "entries_deleted": report.entries_deleted,
-                    "chunks_deleted": report.chunks_deleted,
-                    "chunk_bytes_deleted": report.chunk_bytes_deleted,
-                    "chunks_kept": report.chunks_kept,
-                    "leases_deleted": report.leases_deleted,
-                    "chunks_condemned": report.chunks_condemned,
-                    "bad_entries": report.bad_entries,
-                    "orphan_inodes": report.orphan_inodes,
-                    "stopped": report.stopped,
-                    "local_abandoned": abandoned})
-
-    async def _prefetch(self, fs: Filesystem, path: str, send) -> None:
-        relative = self._relative(path)
-        if relative is None:
-            await send({"error": f"{path} is not under {self.opts.mountpoint}"})
-            return
-        try:
-            top = await fs.resolve(relative)
-            files = await fs.files_under(top, relative.lstrip(b"."))
-        except FsError as exc:
-            await send({"error": f"{path}: {os.strerror(exc.errno)}"})
-            return
-        total = sum(inode.size for _, inode in files)
-        progress = {"done_bytes": 0}
-        failed: list[str] = []
-
-        def on_bytes(n: int) -> None:
-            progress["done_bytes"] += n
-
-        async def reporter() -> None:
-            while True:
-                await trio.sleep(0.5)
-                await send({"progress": progress["done_bytes"], "total": total})
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(reporter)
-            for name, inode in files:
-                try:
-                    await fs.warm(inode, on_bytes)
-                except Exception as exc:  # noqa: BLE001 - reported, then exit non-zero
-                    failed.append(f"{os.fsdecode(name)}: {exc}")
-            nursery.cancel_scope.cancel()
-        await send({"done": True, "ok": not failed, "files": len(files), "bytes": total,
-                    "failed": failed})

@@ -150,6 +150,8 @@ class Filesystem:
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
         self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
+        self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
+        self.after_seal: Callable[[Inode], None] = lambda inode: None
         self.last_write = 0.0
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
@@ -244,7 +246,8 @@ class Filesystem:
                      id=inode.dir_id, target=inode.target,
                      staged=inode.staged and inode.type == "dir",
                      rdev=inode.rdev, xattrs=dict(inode.xattrs),
-                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1)
+                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
+                     sealed_at=inode.sealed_at)
 
     def nlink(self, inode: Inode) -> int:
         """st_nlink: a directory has 2 + its subdirectories; anything else its names."""
@@ -639,7 +642,8 @@ class Filesystem:
                                  mtime_ns=entry.mtime_ns, rdev=entry.rdev,
                                  xattrs=dict(entry.xattrs), link_id=entry.link,
                                  remote_nlink=entry.nlink if entry.link else 0,
-                                 staged=entry.staged and entry.type == "dir")
+                                 staged=entry.staged and entry.type == "dir",
+                                 sealed_at=entry.sealed_at)
 
     def _forget_subtree(self, inode: Inode, parent: int | None = None,
                         name: bytes | None = None) -> None:
@@ -1500,6 +1504,7 @@ class Filesystem:
             self.ns.save(inode)
         await self.cache.collect()
         self.uploader.stats.publishes += 1
+        self.observe("publish", time.monotonic() - started)
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self._drop_rt(ino)
         self.leases.settle(ino)
@@ -2317,6 +2322,7 @@ class Filesystem:
     async def seal(self, ino: int) -> bool:
         """Make a staged directory visible: after everything closed below it is in the
         store, rewrite its entry with ``staged: false`` (one PUT).  Idempotent."""
+        started = time.monotonic()
         inode = self.ns.get(ino)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
@@ -2330,7 +2336,7 @@ class Filesystem:
             inode = self.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return False
-            inode.staged = False
+            inode.staged, inode.sealed_at = False, time.time()
             try:
                 await self._rewrite_entry(inode)
             except BaseException:
@@ -2339,6 +2345,7 @@ class Filesystem:
                 raise
         self._drop_rt(ino)
         self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)
         return True
 
     async def _seal_for_leases(self, ino: int) -> bool:
@@ -2351,6 +2358,7 @@ class Filesystem:
     def _sealed(self, inode: Inode) -> None:
         self._touch_dir(inode.parent)
         log.info("sealed %s", self._path_for_log(inode))
+        self.after_seal(inode)          # retention (retention.py)
         self.invalidate(inode.parent)
         self._release_pointers()
 
@@ -2528,6 +2536,7 @@ class Filesystem:
         raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
+        started = time.monotonic()
         ino = record["ino"]
         await self._wait_publishes_before(seq, ino)
         inode = self.ns.maybe_get(ino)
@@ -2542,7 +2551,7 @@ class Filesystem:
             inode = self.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return
-            inode.staged = False
+            inode.staged, inode.sealed_at = False, time.time()
             try:
                 await self._rewrite_entry(inode, key)
             except BaseException as exc:
@@ -2553,6 +2562,7 @@ class Filesystem:
                 raise
         self._drop_rt(ino)
         self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)
 
     # ------------------------------------------------------------------ prefetch
 

@@ -11,6 +11,7 @@ import errno
 import functools
 import json
 import logging
+import time
 
 import pyfuse3
 import trio
@@ -52,8 +53,9 @@ class FuseOps(pyfuse3.Operations):
     supports_dot_lookup = True
 
     def __init__(self, fs: Filesystem, control_path: str, ttl: float,
-                 writeback_cache: bool = False) -> None:
+                 writeback_cache: bool = False, metrics=None) -> None:
         super().__init__()
+        self.metrics = metrics          # metrics.Metrics, or None
         # Read by pyfuse3 at FUSE_INIT: let the kernel buffer writes in its page cache.
         self.enable_writeback_cache = writeback_cache
         self.fs = fs
@@ -161,15 +163,30 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def write(self, fh, off, buf):
-        return await self.fs.write(fh, off, buf)
+        n = await self.fs.write(fh, off, buf)
+        if self.metrics is not None:
+            self.metrics.written.inc(n)
+        return n
 
     @_errors
     async def flush(self, fh):
-        await self.fs.flush(fh)
+        started = time.monotonic()
+        try:
+            await self.fs.flush(fh)
+        finally:
+            self._blocked("close", started)
 
     @_errors
     async def fsync(self, fh, datasync):
-        await self.fs.fsync(fh, datasync)
+        started = time.monotonic()
+        try:
+            await self.fs.fsync(fh, datasync)
+        finally:
+            self._blocked("fsync", started)
+
+    def _blocked(self, op: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.blocked.labels(op=op).observe(time.monotonic() - started)
 
     @_errors
     async def release(self, fh):

@@ -77,6 +77,7 @@ class Inode:
     link_id: str | None = None
     remote_nlink: int = 0
     links_pending: bool = False     # link entries not yet written (first publish does)
+    sealed_at: float | None = None  # directories: wall time of the seal (retention)
 
     @property
     def st_mode(self) -> int:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -234,6 +235,7 @@ class PublishQueue:
         self.queued: set[int] = set()
         self.failing: dict[int, str] = {}     # inode -> last error (retried, or for good)
         self.failed: dict[int, str] = {}      # inode -> permanent error: not retried
+        self.since: dict[int, float] = {}     # inode -> when it was queued (monotonic)
         self._attempts: dict[int, int] = {}
         self._nursery: trio.Nursery | None = None
         self._idle = trio.Event()
@@ -248,6 +250,7 @@ class PublishQueue:
         elif ino in self.queued:
             return
         self.queued.add(ino)
+        self.since.setdefault(ino, time.monotonic())
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._enqueue(ino)
 
@@ -263,6 +266,7 @@ class PublishQueue:
 
     def discard(self, ino: int) -> None:
         self.queued.discard(ino)
+        self.since.pop(ino, None)
         self.failing.pop(ino, None)
         self.failed.pop(ino, None)
         self._attempts.pop(ino, None)
@@ -325,6 +329,7 @@ class PublishQueue:
             self.failing.pop(ino, None)
             self._attempts.pop(ino, None)
             self.queued.discard(ino)
+            self.since.pop(ino, None)
             self._maybe_idle()
 
     def _failed_attempt(self, ino: int, exc: Exception) -> None:

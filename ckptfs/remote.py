@@ -162,6 +162,9 @@ class Entry:
     xattrs: dict[bytes, bytes] = field(default_factory=dict)   # user.* only
     link: str | None = None         # "link" entries: the id of the shared inode object
     nlink: int = 1                  # inode objects: how many names point at them
+    # Directories: wall time of the seal (retention orders checkpoints by it); absent
+    # in entries written before it existed, and in directories never sealed.
+    sealed_at: float | None = None
 
     def claim_is_live(self, now: float, ttl: float) -> bool:
         return self.moving_to is not None and now - self.moving_at < ttl
@@ -189,6 +192,8 @@ class Entry:
             doc["inode"] = self.link
         if self.nlink != 1:
             doc["nlink"] = self.nlink
+        if self.sealed_at is not None:
+            doc["sealed_at"] = self.sealed_at
         if self.xattrs:
             doc["xattrs"] = {encode_name(k): base64.b64encode(v).decode()
                              for k, v in sorted(self.xattrs.items())}
@@ -266,6 +271,10 @@ class Entry:
         if not isinstance(nlink, int) or isinstance(nlink, bool) or not 0 <= nlink < 1 << 32:
             raise BadEntry(f"bad nlink {nlink!r}")
         entry.nlink = nlink
+        sealed_at = doc.get("sealed_at")
+        if isinstance(sealed_at, (int, float)) and not isinstance(sealed_at, bool) \
+                and sealed_at >= 0:
+            entry.sealed_at = float(sealed_at)      # anything else: as if absent
         entry.xattrs = _xattrs_from_json(doc.get("xattrs", {}))
         return entry
 

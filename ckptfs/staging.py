@@ -148,6 +148,7 @@ class ChunkCache:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self.total = 0
         self.corrupt_events = 0
+        self.hits = self.misses = self.evictions = 0     # metrics.py reads them
         self._doomed: list[Path] = []     # evicted chunk files still to unlink
         root.mkdir(parents=True, exist_ok=True)
         for path in root.glob("*/*"):
@@ -223,9 +224,11 @@ class ChunkCache:
         while True:
             if sha in self._lru:
                 self._lru.move_to_end(sha)
+                self.hits += 1
                 return self.path(sha)
             event = self._inflight.get(sha)
             if event is None:
+                self.misses += 1
                 break
             await event.wait()
             failure = self._failed.get(sha)
@@ -304,8 +307,10 @@ class ChunkCache:
                 if self.evict_local is None or not self.evict_local(int(sha[4:])):
                     continue
                 self.total -= self._lru.pop(sha)
+                self.evictions += 1
                 continue
             size = self._lru.pop(sha)
+            self.evictions += 1
             self.total -= size
             self._close_fd(sha)
             self._doomed.append(self.path(sha))

@@ -548,7 +548,7 @@ class RetryingStore:
         exc = StoreTimeout(f"store timeout: {target} after {self.policy.timeout:g} s{why}")
         log.error("%s", exc)
         if self.stats:
-            self.stats.add(errors=1)
+            self.stats.error("timeout")
         return exc
 
     def _attempt(self, fn, deadline: float):
@@ -583,7 +583,7 @@ class RetryingStore:
                 last = exc
                 attempt += 1
                 if self.stats:
-                    self.stats.add(errors=1)
+                    self.stats.error("transient")
                 if attempt >= self.policy.attempts:
                     log.error("store %s %s failed after %d attempts: %s", what, key, attempt,
                               exc)
@@ -598,6 +598,12 @@ class RetryingStore:
                     self.stats.add(retries=1)
                 self._closed.wait(delay)
                 continue
+            except (NotFound, PreconditionFailed):
+                raise
+            except StoreError:
+                if self.stats:
+                    self.stats.error("permanent")
+                raise
             if result is _LATE:
                 if self._closed.is_set():
                     raise StoreClosed(f"store closed: {what} {key} given up (unmounting)")
@@ -649,7 +655,14 @@ class StoreStats:
     retries: int = 0
     chunk_bytes_put: int = 0
     chunk_bytes_got: int = 0
+    entry_puts: int = 0                 # dirs/ entries and inodes/ objects
+    error_kinds: dict[str, int] = field(default_factory=dict)   # transient|timeout|permanent
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def error(self, kind: str) -> None:
+        with self._lock:
+            self.errors += 1
+            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
     def add(self, **deltas: int) -> None:
         with self._lock:
@@ -658,7 +671,8 @@ class StoreStats:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+            return {k: dict(v) if isinstance(v, dict) else v
+                    for k, v in vars(self).items() if not k.startswith("_")}
 
 
 class CountingStore:
@@ -685,7 +699,8 @@ class CountingStore:
         return done
 
     def _count_put(self, key: str, n: int) -> None:
-        self.stats.add(puts=1, bytes_put=n, chunk_bytes_put=n if key.startswith("chunks/") else 0)
+        self.stats.add(puts=1, bytes_put=n, chunk_bytes_put=n if key.startswith("chunks/") else 0,
+                       entry_puts=1 if key.startswith(("dirs/", "inodes/")) else 0)
 
     def get(self, key: str) -> tuple[bytes, str]:
         body, etag = self.inner.get(key)

@@ -125,7 +125,7 @@ class Mount:
         self.pid = self.status()["pid"]
 
     def status(self) -> dict:
-        proc = run_ckptfs("status", str(self.path), check=True)
+        proc = run_ckptfs("status", "--json", str(self.path), check=True)
         return json.loads(proc.stdout)
 
     def stats(self) -> dict:

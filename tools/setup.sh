@@ -30,3 +30,9 @@ if [ ! -e "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
     touch "$stamp"
 fi
+
+# mount -t fuse.ckptfs (fstab): mount(8) runs mount.fuse3 with a clean PATH, which runs
+# `ckptfs STORE_URL MOUNTPOINT -o ...`; put the command where that PATH finds it.
+if [ "$(id -u)" = 0 ] && [ -d /usr/local/sbin ]; then
+    ln -sfn "$PWD/.venv/bin/ckptfs" /usr/local/sbin/ckptfs
+fi
