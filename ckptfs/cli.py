@@ -240,7 +240,7 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                     max_staged=settings.max_staged)
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
-        from .faults import FaultInjectingStore, FaultPlan
+        from .store.faults import FaultInjectingStore, FaultPlan
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,

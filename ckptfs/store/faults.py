@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .store import ListedObject, ObjectStore, StoreError, TransientStoreError
+from .base import ListedObject, ObjectStore, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
 
