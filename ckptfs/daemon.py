@@ -33,7 +33,7 @@ from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
 from .staging import ChunkCache, Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
-                    RetryPolicy, StoreError, StoreStats, open_store)
+                    StoreError, StoreStats, open_store, store_policy)
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
         raise MountError(str(exc)) from None
     if wrap is not None:
         raw = wrap(raw)
-    return RetryingStore(CountingStore(raw, stats), RetryPolicy(timeout=timeout), stats=stats)
+    return RetryingStore(CountingStore(raw, stats), store_policy(timeout), stats=stats)
 
 
 def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,

@@ -22,9 +22,13 @@ import trio
 
 from .errors import FsError
 from .remote import chunk_key
+from .retrypolicy import RetryPolicy
 from .store import ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
+
+# A chunk that fails its hash is fetched again at once, three tries in all.
+VERIFY_RETRY = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)
 
 
 class Staging:
@@ -135,12 +139,12 @@ class ChunkCache:
     """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
 
     def __init__(self, root: Path, store: ObjectStore, limit: int,
-                 fetch_limiter: trio.CapacityLimiter, verify_attempts: int = 3) -> None:
+                 fetch_limiter: trio.CapacityLimiter, verify: RetryPolicy = VERIFY_RETRY) -> None:
         self.root = root
         self.store = store
         self.limit = limit
         self.limiter = fetch_limiter
-        self.verify_attempts = verify_attempts
+        self.verify = verify
         self._inflight: dict[str, trio.Event] = {}
         self._failed: dict[str, Exception] = {}
         self._lru: OrderedDict[str, int] = OrderedDict()
@@ -250,7 +254,9 @@ class ChunkCache:
 
     async def _fetch(self, sha: str, length: int) -> Path:
         path = self.path(sha)
-        for attempt in range(1, self.verify_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             async with self.limiter:
                 try:
                     ok = await trio.to_thread.run_sync(self._fetch_sync, sha, length, path)
@@ -259,9 +265,11 @@ class ChunkCache:
             if ok:
                 return path
             self.corrupt_events += 1
-            log.error("chunk %s from the store failed verification (attempt %d/%d)",
-                      sha, attempt, self.verify_attempts)
-        raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
+            log.error("chunk %s from the store failed verification (attempt %d/%s)",
+                      sha, attempt, self.verify.attempts or "-")
+            if self.verify.gives_up(attempt):
+                raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
+            await trio.sleep(self.verify.delay(attempt))
 
     def _fetch_sync(self, sha: str, length: int, path: Path) -> bool:
         started = time.monotonic()

@@ -12,7 +12,8 @@ from .base import (ListedObject, NotFound, ObjectStore, PreconditionFailed, Stor
                    StoreError, StoreTimeout, TransientStoreError, is_permanent)
 from .local import LocalStore
 from .memory import Call, Gate, MemoryStore
-from .retry import CountingStore, RetryingStore, RetryPolicy, StoreStats
+from ..retrypolicy import RetryPolicy
+from .retry import CountingStore, RetryingStore, StoreStats, store_policy
 from .s3 import S3Store
 from .url import BadStoreURL, open_store
 
@@ -20,5 +21,5 @@ __all__ = [
     "BadStoreURL", "Call", "CountingStore", "Gate", "ListedObject", "LocalStore",
     "MemoryStore", "NotFound", "ObjectStore", "PreconditionFailed", "RetryPolicy",
     "RetryingStore", "S3Store", "StoreClosed", "StoreError", "StoreStats", "StoreTimeout",
-    "TransientStoreError", "is_permanent", "open_store",
+    "TransientStoreError", "is_permanent", "open_store", "store_policy",
 ]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..retrypolicy import RetryPolicy
 from .base import (ListedObject, ObjectStore, StoreClosed, StoreTimeout,
                    TransientStoreError)
 
@@ -23,12 +23,11 @@ from .base import (ListedObject, ObjectStore, StoreClosed, StoreTimeout,
 log = logging.getLogger("ckptfs.store")
 
 
-@dataclass
-class RetryPolicy:
-    attempts: int = 6
-    base_delay: float = 0.1
-    max_delay: float = 5.0
-    timeout: float = 60.0      # overall deadline of one call, all attempts together
+def store_policy(deadline: float = 60.0) -> RetryPolicy:
+    """The store's retries: six tries, full-jitter backoff from 0.2 s doubling up to 5 s,
+    all within ``deadline`` (``store_timeout``)."""
+    return RetryPolicy(attempts=6, base_delay=0.2, max_delay=5.0, jitter=True,
+                       deadline=deadline)
 
 
 class _Attempt:
@@ -93,16 +92,18 @@ class _AttemptRunner:
 
 
 class RetryingStore:
-    """Retries transient failures with exponential backoff and full jitter, within an
-    overall deadline per call (``policy.timeout``): no attempt outlives it and no new
-    attempt or sleep starts past it; then ``StoreTimeout`` names the operation and the
+    """Retries transient failures by its ``RetryPolicy`` (``store_policy()``: backoff
+    with full jitter), within the policy's overall deadline per call: no attempt outlives
+    it and no new attempt or sleep starts past it; then ``StoreTimeout`` names the operation and the
     key.  Permanent failures are never retried.  ``close()`` makes every call in flight
     return at once with ``StoreClosed`` (the daemon is stopping)."""
 
     def __init__(self, inner: ObjectStore, policy: RetryPolicy | None = None,
                  stats: "StoreStats | None" = None) -> None:
         self.inner = inner
-        self.policy = policy or RetryPolicy()
+        self.policy = policy or store_policy()
+        if self.policy.deadline is None:
+            raise ValueError("a RetryingStore needs a policy with a deadline")
         self.stats = stats
         self.url = inner.url
         self._runner = _AttemptRunner()
@@ -122,7 +123,7 @@ class RetryingStore:
     def _timeout(self, what: str, key: str, last: BaseException | None) -> StoreTimeout:
         why = f" (last error: {last})" if last is not None else ""
         target = f"{what} {key}" if key else what
-        exc = StoreTimeout(f"store timeout: {target} after {self.policy.timeout:g} s{why}")
+        exc = StoreTimeout(f"store timeout: {target} after {self.policy.deadline:g} s{why}")
         log.error("%s", exc)
         if self.stats:
             self.stats.add(errors=1)
@@ -146,7 +147,7 @@ class RetryingStore:
         return attempt.result
 
     def _call(self, what: str, key: str, fn):
-        deadline = time.monotonic() + self.policy.timeout
+        deadline = time.monotonic() + self.policy.deadline
         attempt = 0
         last: BaseException | None = None
         while True:
@@ -161,12 +162,11 @@ class RetryingStore:
                 attempt += 1
                 if self.stats:
                     self.stats.add(errors=1)
-                if attempt >= self.policy.attempts:
+                if self.policy.gives_up(attempt):
                     log.error("store %s %s failed after %d attempts: %s", what, key, attempt,
                               exc)
                     raise
-                delay = random.uniform(0, min(self.policy.max_delay,
-                                              self.policy.base_delay * 2 ** attempt))
+                delay = self.policy.delay(attempt)
                 if time.monotonic() + delay >= deadline:
                     raise self._timeout(what, key, last) from None
                 log.warning("store %s %s failed (%s); retry %d in %.2fs", what, key, exc,

@@ -108,7 +108,7 @@ def test_fail_injects_a_number_of_failures_that_retries_get_through():
     s = MemoryStore()
     s.fail("put", TransientStoreError("injected"), times=2)
     retrying = RetryingStore(s, RetryPolicy(attempts=5, base_delay=0.001, max_delay=0.01,
-                                            timeout=30))
+                                            deadline=30))
     etag = retrying.put("k", b"x")
     assert s.get("k") == (b"x", etag)
     assert [c.op for c in s.calls].count("put") == 3
