@@ -31,7 +31,8 @@ from .namespace import Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
-from .staging import ChunkCache, Staging
+from .cache import ChunkCache
+from .staging import Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store, store_policy)
 

@@ -76,9 +76,6 @@ class ObjectStore(Protocol):
     def get(self, key: str) -> tuple[bytes, str]:
         """Return (body, etag); raise NotFound."""
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Return bytes [start, end) of the object; raise NotFound."""
-
     def exists(self, key: str) -> bool: ...
 
     def list(self, prefix: str) -> Iterator[ListedObject]:

@@ -108,13 +108,6 @@ class LocalStore:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(key) from None
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
-                return os.pread(f.fileno(), end - start, start)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise NotFound(key) from None
-
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

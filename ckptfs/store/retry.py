@@ -195,9 +195,6 @@ class RetryingStore:
     def get(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self.inner.get(key))
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self._call("get_range", key, lambda: self.inner.get_range(key, start, end))
-
     def exists(self, key: str) -> bool:
         return self._call("exists", key, lambda: self.inner.exists(key))
 
@@ -268,11 +265,6 @@ class CountingStore:
         body, etag = self.inner.get(key)
         self._count_get(key, len(body))
         return body, etag
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        body = self.inner.get_range(key, start, end)
-        self._count_get(key, len(body))
-        return body
 
     def _count_get(self, key: str, n: int) -> None:
         self.stats.add(gets=1, bytes_got=n, chunk_bytes_got=n if key.startswith("chunks/") else 0)

@@ -142,16 +142,6 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, key) from None
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        if end <= start:
-            return b""
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key),
-                                       Range=f"bytes={start}-{end - 1}")
-            return r["Body"].read()
-        except Exception as exc:  # noqa: BLE001
-            raise self._translate(exc, key) from None
-
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._k(key))

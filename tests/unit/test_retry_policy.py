@@ -109,7 +109,7 @@ def test_a_corrupt_chunk_is_fetched_as_often_as_the_cache_policy_says(tmp_path):
 
     from ckptfs.errors import FsError
     from ckptfs.remote import chunk_key
-    from ckptfs.staging import ChunkCache
+    from ckptfs.cache import ChunkCache
 
     body = b"chunk body"
     sha = hashlib.sha256(body).hexdigest()
