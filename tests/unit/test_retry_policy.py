@@ -144,3 +144,32 @@ def test_lease_renewals_and_pending_polls_back_off_by_their_policies(tmp_path):
         assert polls == [0.2, 0.3, 0.45, MAX_POLL]
     finally:
         ns.close()
+
+
+def test_the_metadata_log_retries_a_record_by_its_policy(tmp_path):
+    from ckptfs.namespace import Namespace
+    from ckptfs.oplog import MetaLog
+
+    ns = Namespace(tmp_path / "meta")
+    times: list[float] = []
+    log = MetaLog(ns, policy=RetryPolicy(attempts=None, base_delay=1.0, max_delay=3.0))
+    log.add({"kind": "mkdir", "ino": 5}, [1])
+
+    async def execute(seq: int, record: dict) -> None:
+        times.append(trio.current_time())
+        if len(times) <= 4:
+            raise TransientStoreError("503")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(log.run, execute)
+            with trio.move_on_after(1000):
+                await log.wait_idle()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        ns.close()
+    gaps = [round(b - a, 6) for a, b in zip(times, times[1:])]
+    assert gaps == [1.0, 2.0, 3.0, 3.0] and not log.pending
