@@ -3,8 +3,9 @@ wait between them (exponential ``backoff`` from ``base_delay`` by ``factor`` up 
 ``max_delay``, optionally with full jitter), and the overall ``deadline`` of one call.
 
 The store's retries (``store.retry``), the background publish queue (``publisher``),
-lease renewals and pending-seal polls (``leases``), the metadata log (``oplog``) and the cache's refetch of a corrupt
-chunk (``cache``) each hold one of these instead of their own numbers.  A leaf module:
+lease renewals and pending-seal polls (``leases``), the metadata log (``oplog``) and the
+cache's refetch of a corrupt chunk (``cache``) each hold one of these instead of their
+own numbers.  A leaf module:
 it imports nothing of ckptfs and knows nothing of what is retried.
 """
 

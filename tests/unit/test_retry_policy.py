@@ -63,7 +63,8 @@ def test_the_retrying_store_needs_a_deadline():
         gate.release()
 
 
-def _run_queue(policy: RetryPolicy, failures: int, error: Exception) -> tuple[list[float], PublishQueue]:
+def _run_queue(policy: RetryPolicy, failures: int,
+               error: Exception) -> tuple[list[float], PublishQueue]:
     """Publish one inode through a queue whose publish fails ``failures`` times; return
     the (virtual) times of every attempt."""
     times: list[float] = []
