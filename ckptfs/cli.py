@@ -26,43 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mount", help="mount a store")
     m.add_argument("mountpoint", type=Path)
-    m.add_argument("--store", help="file:///path or s3://bucket/prefix")
     m.add_argument("--config", type=Path, help="TOML settings file (default "
                    "/etc/ckptfs/ckptfs.toml if it exists)")
-    m.add_argument("--state-dir", help="node-local state (default "
-                   "/var/lib/ckptfs/<mountpoint>)")
-    m.add_argument("--durability", choices=("sync", "async"))
-    m.add_argument("--endpoint-url", help="S3 endpoint (default: AWS variables/config)")
     m.add_argument("--foreground", action="store_true", help="stay in the foreground")
-    m.add_argument("--single-writer", action="store_const", const=True,
-                   help="accept a store without conditional writes")
-    m.add_argument("--chunk-size", help="chunk size (default 8M)")
-    m.add_argument("--cache-size", help="node cache limit (default 8G)")
-    m.add_argument("--metadata-ttl", help="seconds a remote listing is trusted (default 1)")
-    m.add_argument("--upload-concurrency", help="chunk uploads in flight (default 8)")
-    m.add_argument("--fetch-concurrency", help="chunk downloads in flight (default 8)")
-    m.add_argument("--gc-grace", help="seconds before gc may remove staged trees (default "
-                   "86400)")
-    m.add_argument("--gc-settle", help="seconds gc lets writers see each announcement "
-                   "(recorded when this mount creates the store; default 600)")
-    m.add_argument("--writeback-cache", action="store_const", const=True,
-                   help="let the kernel buffer writes (experimental)")
-    m.add_argument("--checkpoint-formats",
-                   help="formats whose structure is checked before a close publishes "
-                        "(default torch,safetensors,npy,pickle; empty: none)")
-    m.add_argument("--lease-ttl", help="seconds a node's seal lease lives unrenewed "
-                   "(default 30; see docs/decisions/0004)")
-    m.add_argument("--stale-staged-after", help="seconds after which a staged checkpoint "
-                   "directory that nothing writes and nobody sealed is reported (default 600)")
-    m.add_argument("--store-timeout", help="seconds one store request may take, retries "
-                   "included, before it fails with EIO (default 60)")
-    m.add_argument("--stop-timeout", help="seconds an unmount or SIGTERM waits for pending "
-                   "uploads before unmounting anyway, uploads kept journaled (default 600)")
-    m.add_argument("--max-staged", help="async mode: closed bytes not yet uploaded past "
-                   "which writers wait for uploads (default: half the state dir's free "
-                   "space at mount)")
-    m.add_argument("--metrics-address", help="serve Prometheus metrics on "
-                   "http://HOST:PORT/metrics (default: none)")
+    add_setting_flags(m)
     m.add_argument("--log-file", type=Path, help="daemon log (default STATE_DIR/ckptfs.log)")
     m.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
@@ -108,6 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_arguments
     add_arguments(b)
     return parser
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per row of the settings table (config.SETTINGS).  Values stay text here:
+    ``config.load`` parses and checks them like those of the file and the variables."""
+    from .config import SETTINGS
+
+    for setting in SETTINGS:
+        if setting.kind == "switch":
+            parser.add_argument(setting.flag, action="store_const", const=True,
+                                help=setting.help)
+        elif setting.kind == "choice":
+            parser.add_argument(setting.flag, choices=setting.choices, help=setting.help)
+        else:
+            parser.add_argument(setting.flag, help=setting.help)
 
 
 def _timeout_arg(text: str) -> float:
@@ -170,20 +152,13 @@ def run_command(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- mount
 
 
-MOUNT_SETTINGS = ("store", "endpoint_url", "state_dir", "durability", "single_writer",
-                  "chunk_size", "cache_size", "metadata_ttl", "upload_concurrency",
-                  "fetch_concurrency", "gc_grace", "gc_settle", "writeback_cache",
-                  "checkpoint_formats", "lease_ttl", "stale_staged_after", "store_timeout",
-                  "stop_timeout", "max_staged", "metrics_address")
-
-
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .config import ConfigError, load
+    from .config import SETTINGS, ConfigError, load
     from .daemon import MountError, check_mountpoint
     from .store import BadStoreURL, open_store
 
     mountpoint = args.mountpoint.absolute()
-    flags = {key: getattr(args, key) for key in MOUNT_SETTINGS}
+    flags = {s.name: getattr(args, s.name) for s in SETTINGS}
     try:
         settings = load(args.config, dict(os.environ), flags)
     except ConfigError as exc:
@@ -233,6 +208,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_dir: Path) -> int:
+    import dataclasses
+
     import trio
 
     from .daemon import Daemon, MountError, MountOptions
@@ -245,22 +222,12 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    config = Config(durability=settings.durability, chunk_size=settings.chunk_size,
-                    cache_size=settings.cache_size, metadata_ttl=settings.metadata_ttl,
-                    upload_concurrency=settings.upload_concurrency,
-                    fetch_concurrency=settings.fetch_concurrency,
-                    gc_grace=settings.gc_grace, gc_settle=settings.gc_settle,
-                    profiles=settings.profiles,
-                    writeback_cache=settings.writeback_cache,
-                    checkpoint_formats=settings.checkpoint_formats,
-                    lease_ttl=settings.lease_ttl,
-                    stale_staged_after=settings.stale_staged_after,
-                    store_timeout=settings.store_timeout,
-                    stop_timeout=settings.stop_timeout,
-                    max_staged=settings.max_staged)
+    # Every setting the core has a field for (the rest are the daemon's, below).
+    config = Config(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(Config)
+                       if hasattr(settings, f.name)})
     wrap = None
     if os.environ.get("CKPTFS_FAULTS"):
-        from .faults import FaultInjectingStore, FaultPlan
+        from .store.faults import FaultInjectingStore, FaultPlan
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,

@@ -1,12 +1,15 @@
 """Settings for a mount: defaults, then the TOML file, then ``CKPTFS_*`` variables, then
-command-line flags (DESIGN.md §5).  Unknown keys are errors, with one line naming them.
-Knows nothing of how the settings are used."""
+command-line flags (DESIGN.md §5).  One table (``SETTINGS``) names each setting once, with
+its type, default, validation and help: the TOML keys, the variables, the ``ckptfs mount``
+flags (``cli``) and the ``Settings`` fields all come from it.  Unknown keys are errors,
+with one line naming them.  Knows nothing of how the settings are used."""
 
 from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 from .remote import MAX_CHUNK_SIZE
@@ -137,65 +140,118 @@ def parse_metrics_address(value) -> str:
     return str(value)
 
 
-_KEYS = {
-    "store": str,
-    "endpoint_url": str,
-    "state_dir": str,
-    "durability": parse_durability,
-    "single_writer": parse_bool,
+@dataclass(frozen=True)
+class Setting:
+    """One mount setting: every place it can be given comes from this row.  The TOML key
+    is ``name``; the variable is ``CKPTFS_<NAME>``; the flag is ``--<name-with-dashes>``
+    (with ``help``; a ``switch`` flag takes no value, a ``choice`` flag one of
+    ``choices``).  ``parse`` turns a value from any source into ``type`` or raises
+    ``ConfigError`` with the reason."""
+
+    name: str
+    type: type
+    default: object
+    parse: Callable[[object], object]
+    help: str | None = None
+    kind: str = "value"              # value | switch | choice
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "CKPTFS_" + self.name.upper()
+
+    @property
+    def toml_key(self) -> str:
+        return self.name
+
+
+def _text(value) -> str:
+    return str(value)
+
+
+# The one table of mount settings (defaults < TOML file < CKPTFS_* < flags).  A new
+# setting is one row here, and a field in the settings' consumer (fs.Config for the
+# filesystem core, whose defaults a test holds to this table).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("store", str | None, None, _text, "file:///path or s3://bucket/prefix"),
+    Setting("endpoint_url", str | None, None, _text,
+            "S3 endpoint (default: AWS variables/config)"),
+    Setting("state_dir", str | None, None, _text,
+            "node-local state (default /var/lib/ckptfs/<mountpoint>)"),
+    Setting("durability", str, "sync", parse_durability, None, "choice", ("sync", "async")),
+    Setting("single_writer", bool, False, parse_bool,
+            "accept a store without conditional writes", "switch"),
     # A chunk is a power of two up to 64 MiB (remote.MAX_CHUNK_SIZE: every node must be
     # able to read it).  64 KiB at least: smaller chunks are for tests (the model tests
     # use 64K), never sensible in production (8 MiB is the default).
-    "chunk_size": _size_between(64 << 10, MAX_CHUNK_SIZE, power_of_two=True),
-    "cache_size": _size_between(1 << 20, 1 << 50),
-    "metadata_ttl": _seconds(0.0, DAY),
-    "upload_concurrency": _count(1, 1024),
-    "fetch_concurrency": _count(1, 1024),
-    "gc_grace": parse_seconds,
-    "gc_settle": parse_seconds,
-    "writeback_cache": parse_bool,
-    "checkpoint_formats": parse_checkpoint_formats,
-    "lease_ttl": _seconds(0.0, DAY, low_ok=False),
-    "stale_staged_after": parse_seconds,
-    # The overall bound of one store call, all retries together; past it, EIO.
-    "store_timeout": _seconds(1.0, DAY),
-    # How long an unmount (or SIGTERM) waits for pending uploads before it unmounts
-    # anyway, leaving them journaled for the next mount.
-    "stop_timeout": _seconds(0.0, 7 * DAY),
-    # Async mode: closed bytes not yet uploaded past which writers wait for uploads
-    # (default: half the state dir's free space at mount).
-    "max_staged": _size_between(1 << 20, 1 << 60),
-    # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
-    "metrics_address": parse_metrics_address,
-}
-
-
-@dataclass
-class Settings:
-    store: str | None = None
-    endpoint_url: str | None = None
-    state_dir: str | None = None
-    durability: str = "sync"
-    single_writer: bool = False
-    chunk_size: int = 8 << 20
-    cache_size: int = 8 << 30
-    metadata_ttl: float = 1.0
-    upload_concurrency: int = 8
-    fetch_concurrency: int = 8
-    gc_grace: float = 24 * 3600.0
+    Setting("chunk_size", int, 8 << 20,
+            _size_between(64 << 10, MAX_CHUNK_SIZE, power_of_two=True),
+            "chunk size (default 8M)"),
+    Setting("cache_size", int, 8 << 30, _size_between(1 << 20, 1 << 50),
+            "node cache limit (default 8G)"),
+    Setting("metadata_ttl", float, 1.0, _seconds(0.0, DAY),
+            "seconds a remote listing is trusted (default 1)"),
+    Setting("upload_concurrency", int, 8, _count(1, 1024),
+            "chunk uploads in flight (default 8)"),
+    Setting("fetch_concurrency", int, 8, _count(1, 1024),
+            "chunk downloads in flight (default 8)"),
+    Setting("gc_grace", float, DAY, parse_seconds,
+            "seconds before gc may remove staged trees (default 86400)"),
     # How long gc waits after announcing a pass before it relies on writers having seen
     # it (decision 0003).  Recorded in a new store's ckptfs.json; the store's value wins.
-    gc_settle: float = 600.0
-    writeback_cache: bool = False
-    checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
-    lease_ttl: float = 30.0
-    stale_staged_after: float = 600.0   # report a staged directory nobody writes or seals
-    store_timeout: float = 60.0
-    stop_timeout: float = 600.0
-    max_staged: int | None = None
-    metrics_address: str | None = None
-    profiles: Profiles = field(default_factory=Profiles)
-    retention: tuple = ()           # retention.Rule per [[retention]] table
+    Setting("gc_settle", float, 600.0, parse_seconds,
+            "seconds gc lets writers see each announcement (recorded when this mount "
+            "creates the store; default 600)"),
+    Setting("writeback_cache", bool, False, parse_bool,
+            "let the kernel buffer writes (experimental)", "switch"),
+    Setting("checkpoint_formats", tuple[str, ...], ("torch", "safetensors", "npy", "pickle"),
+            parse_checkpoint_formats,
+            "formats whose structure is checked before a close publishes "
+            "(default torch,safetensors,npy,pickle; empty: none)"),
+    Setting("lease_ttl", float, 30.0, _seconds(0.0, DAY, low_ok=False),
+            "seconds a node's seal lease lives unrenewed (default 30; see "
+            "docs/decisions/0004)"),
+    # Report a staged directory nobody writes or seals (stale.py).
+    Setting("stale_staged_after", float, 600.0, parse_seconds,
+            "seconds after which a staged checkpoint directory that nothing writes and "
+            "nobody sealed is reported (default 600)"),
+    # The overall bound of one store call, all retries together; past it, EIO.
+    Setting("store_timeout", float, 60.0, _seconds(1.0, DAY),
+            "seconds one store request may take, retries included, before it fails "
+            "with EIO (default 60)"),
+    # How long an unmount (or SIGTERM) waits for pending uploads before it unmounts
+    # anyway, leaving them journaled for the next mount.
+    Setting("stop_timeout", float, 600.0, _seconds(0.0, 7 * DAY),
+            "seconds an unmount or SIGTERM waits for pending uploads before unmounting "
+            "anyway, uploads kept journaled (default 600)"),
+    # Async mode: closed bytes not yet uploaded past which writers wait for uploads
+    # (default: half the state dir's free space at mount).
+    Setting("max_staged", int | None, None, _size_between(1 << 20, 1 << 60),
+            "async mode: closed bytes not yet uploaded past which writers wait for uploads "
+            "(default: half the state dir's free space at mount)"),
+    # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
+    Setting("metrics_address", str | None, None, parse_metrics_address,
+            "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),
+)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# Read from the environment by others, not settings (tests' fault injection).
+OTHER_ENV = ("CKPTFS_FAULTS",)
+# TOML-only tables: the checkpoint profiles (replacing the defaults, or added to them).
+PROFILE_KEYS = ("profiles", "extra_profiles")
+# TOML-only tables: retention rules ([[retention]], retention.py).
+TABLE_KEYS = PROFILE_KEYS + ("retention",)
+
+# Every setting of the table as a field (with its default), plus the profiles.
+Settings = make_dataclass(
+    "Settings",
+    [(s.name, s.type, field(default=s.default)) for s in SETTINGS]
+    + [("profiles", Profiles, field(default_factory=Profiles)),
+       ("retention", tuple, field(default=()))])     # retention.Rule per [[retention]]
+Settings.__doc__ = "The resolved settings of one mount: one field per row of SETTINGS."
 
 
 def _profiles(raw) -> Profiles:
@@ -254,7 +310,8 @@ def load(config_file: Path | None, env: dict[str, str], flags: dict) -> Settings
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
-        unknown = set(doc) - set(_KEYS) - {"profiles", "extra_profiles", "retention"}
+        by_toml = {st.toml_key: st for st in SETTINGS}
+        unknown = set(doc) - set(by_toml) - set(TABLE_KEYS)
         if unknown:
             raise ConfigError(f"config file {path}: unknown key(s) {', '.join(sorted(unknown))}")
         for key, value in doc.items():
@@ -265,22 +322,22 @@ def load(config_file: Path | None, env: dict[str, str], flags: dict) -> Settings
             elif key == "extra_profiles":
                 settings.profiles = Profiles(DEFAULT_PROFILES + _profiles(value).profiles)
             else:
-                setattr(settings, key, _apply(key, value, f"config file {path}"))
+                _apply(settings, by_toml[key], value, f"config file {path}")
+    by_env = {st.env: st for st in SETTINGS}
     for name, value in env.items():
-        if not name.startswith("CKPTFS_") or name in ("CKPTFS_FAULTS",):
+        if not name.startswith("CKPTFS_") or name in OTHER_ENV:
             continue
-        key = name[len("CKPTFS_"):].lower()
-        if key not in _KEYS:
+        if name not in by_env:
             raise ConfigError(f"unknown environment variable {name}")
-        setattr(settings, key, _apply(key, value, name))
+        _apply(settings, by_env[name], value, name)
     for key, value in flags.items():
         if value is not None:
-            setattr(settings, key, _apply(key, value, f"--{key.replace('_', '-')}"))
+            _apply(settings, BY_NAME[key], value, BY_NAME[key].flag)
     return settings
 
 
-def _apply(key: str, value, where: str):
+def _apply(settings, setting: Setting, value, where: str) -> None:
     try:
-        return _KEYS[key](value)
+        setattr(settings, setting.name, setting.parse(value))
     except ConfigError as exc:
-        raise ConfigError(f"{where}: {key}: {exc}") from None
+        raise ConfigError(f"{where}: {setting.name}: {exc}") from None

@@ -317,7 +317,7 @@ class ControlServer:
                     "pending": fs.leases.pending_of(inode.ino)})
 
     async def _gc(self, dry_run: bool, grace: float, send: Send) -> None:
-        from .daemon import sweep_abandoned
+        from .staging import sweep_abandoned
         from .gc import GcConflict, collect
         from .store import StoreError
 

@@ -30,9 +30,10 @@ from .namespace import ROOT_INO, Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
-from .staging import ChunkCache, Staging
+from .cache import ChunkCache
+from .staging import Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
-                    RetryPolicy, StoreError, StoreStats, open_store)
+                    StoreError, StoreStats, open_store, store_policy)
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
         raise MountError(str(exc)) from None
     if wrap is not None:
         raw = wrap(raw)
-    return RetryingStore(CountingStore(raw, stats), RetryPolicy(timeout=timeout), stats=stats)
+    return RetryingStore(CountingStore(raw, stats), store_policy(timeout), stats=stats)
 
 
 def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,
@@ -224,17 +225,6 @@ def set_readahead(mountpoint: Path, kb: int) -> bool:
     except (OSError, ValueError) as exc:
         log.info("could not set read-ahead to %d KiB: %s", kb, exc)
         return True
-
-
-def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:
-    """Staged bytes of killed writers older than ``cutoff`` (blocking: run in a thread)."""
-    out = []
-    for path in sorted(directory.iterdir()):
-        if path.stat().st_mtime < cutoff:
-            out.append(path.name)
-            if not dry_run:
-                path.unlink()
-    return out
 
 
 def sd_notify(message: str) -> None:

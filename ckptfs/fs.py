@@ -36,7 +36,8 @@ from .remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, XATT
                      BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      check_xattr_name, decode_name, dir_prefix, entry_key, inode_key,
                      xattrs_size)
-from .staging import ChunkCache, Staging
+from .cache import ChunkCache
+from .staging import Staging
 from .store import NotFound, ObjectStore, PreconditionFailed, StoreClosed, StoreError
 
 log = logging.getLogger(__name__)

@@ -39,6 +39,7 @@ import trio
 from .errors import FsError
 from .namespace import ROOT_INO, Inode, Namespace
 from .remote import BadEntry, Entry, entry_key
+from .retrypolicy import RetryPolicy
 from .store import NotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class Held:
     seq: int = 0
     lock: trio.Lock = field(default_factory=trio.Lock)   # one store request at a time
     retry_at: float = 0.0                            # monotonic; after a failed request
-    backoff: float = 0.0                             # seconds; 0 while requests succeed
+    failures: int = 0                                # in a row; 0 while requests succeed
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Pending:
     dir_id: str
     since: float                                     # wall time, for the status only
     next_check: float = 0.0                          # monotonic
-    delay: float = 0.2
+    checks: int = 0                                  # LISTs so far (the poll backs off)
     waiting_for: list[str] = field(default_factory=list)
     dead: list[str] = field(default_factory=list)
     local_writers: int = 0
@@ -117,6 +118,14 @@ class LeaseManager:
         self.open_wait: float | None = None
         self.ttl = lease_ttl
         self.renew_every = lease_ttl / 3
+        # A failed renewal backs off from a quarter of the renewal period up to all of it
+        # (a lease must not look dead to others because of it), never giving up.
+        self.renew_retry = RetryPolicy(attempts=None, base_delay=self.renew_every / 4,
+                                       max_delay=self.renew_every)
+        # A pending seal LISTs the leases 0.2 s after asking, then 1.5 times slower each
+        # time, at most a renewal period (and MAX_POLL) apart.
+        self.pending_poll = RetryPolicy(attempts=None, base_delay=0.2, factor=1.5,
+                                        max_delay=min(max(self.renew_every, 0.2), MAX_POLL))
         self.linger = min(lease_ttl / 3, 2.0)
         self.dead_after = lease_ttl * DEAD_FACTOR
         self._writers = writers
@@ -363,9 +372,8 @@ class LeaseManager:
         if p is None:
             p = self.pending[d.ino] = Pending(d.ino, d.dir_id or "", time.time())
             self._persist_pending()
-        else:
-            p.delay = min(p.delay * 1.5, max(self.renew_every, 0.2), MAX_POLL)
-        p.next_check = now + p.delay
+        p.checks += 1
+        p.next_check = now + self.pending_poll.delay(p.checks)
         p.local_writers = local
         prefix = lease_prefix(p.dir_id)
         seen: dict[str, tuple[str, float, float]] = {}
@@ -490,16 +498,14 @@ class LeaseManager:
                     continue
                 try:
                     await self._tend(held)
-                    held.backoff = 0.0
+                    held.failures = 0
                 except StoreError as exc:
-                    # Backs off up to the renewal period (a lease must not look dead to
-                    # others because of it); said once per failing streak.
-                    if not held.backoff:
+                    # Backs off by renew_retry; said once per failing streak.
+                    held.failures += 1
+                    if held.failures == 1:
                         log.warning("lease on %s: %s (retrying with back-off)",
                                     self._path(held.dir_ino), exc)
-                    held.backoff = min(self.renew_every,
-                                       max(self.renew_every / 4, held.backoff * 2))
-                    held.retry_at = time.monotonic() + held.backoff
+                    held.retry_at = time.monotonic() + self.renew_retry.delay(held.failures)
                 except Exception:  # noqa: BLE001 - a background task never takes the daemon down
                     log.exception("lease task failed")
 

@@ -324,9 +324,6 @@ class GuardedStore:
     def get(self, key: str) -> tuple[bytes, str]:
         return self.inner.get(key)
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self.inner.get_range(key, start, end)
-
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 

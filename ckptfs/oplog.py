@@ -34,6 +34,7 @@ import trio
 
 from .namespace import Namespace
 from .publisher import store_cause
+from .retrypolicy import RetryPolicy
 from .store import is_permanent
 
 log = logging.getLogger(__name__)
@@ -41,16 +42,20 @@ log = logging.getLogger(__name__)
 ALIASES_KEY = "dir_aliases"
 
 
+# A record the store refuses for now is retried without end (it is journaled and later
+# records wait on it): 1 s after the first failure, doubling up to 30 s.
+METALOG_RETRY = RetryPolicy(attempts=None, base_delay=1.0, max_delay=30.0)
+
+
 class OpDropped(Exception):
     """The record cannot be applied (another node changed the object): drop it."""
 
 
 class MetaLog:
-    def __init__(self, ns: Namespace, retry_delay: float = 1.0, max_delay: float = 30.0,
+    def __init__(self, ns: Namespace, policy: RetryPolicy = METALOG_RETRY,
                  on_done: Callable[[], None] = lambda: None) -> None:
         self.ns = ns
-        self.retry_delay = retry_delay
-        self.max_delay = max_delay
+        self.policy = policy            # its backoff only: a record is never given up
         self.on_done = on_done          # told after each record (the publish queue's gate)
         self.pending: dict[int, dict] = {}
         self.busy: Counter[int] = Counter()
@@ -139,10 +144,10 @@ class MetaLog:
                                   cause)
                         break
                     attempt += 1
-                    delay = min(self.max_delay, self.retry_delay * 2 ** (attempt - 1))
+                    delay = self.policy.delay(attempt)
                     if seq not in self.failing:
                         log.warning("%s waits for the store (%s); retrying every %.0f s "
-                                    "at most", describe(record), exc, self.max_delay)
+                                    "at most", describe(record), exc, self.policy.max_delay)
                     self.failing[seq] = str(exc)
                     await trio.sleep(delay)
             self._finish(seq)

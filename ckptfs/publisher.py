@@ -24,9 +24,14 @@ import trio
 
 from .liveness import ChunkLiveness
 from .remote import chunk_key
+from .retrypolicy import RetryPolicy
 from .store import ObjectStore, StoreTimeout, is_permanent
 
 log = logging.getLogger(__name__)
+
+# Background publishes retry a transient failure without end (nothing closed is dropped),
+# 2 s after the first failure, doubling up to 30 s.
+PUBLISH_RETRY = RetryPolicy(attempts=None, base_delay=2.0, max_delay=30.0)
 
 
 @dataclass
@@ -207,21 +212,21 @@ class PublishQueue:
     """Background publishing for ``durability = "async"`` (and retries of failed sync
     publishes).  Records live in the namespace journal; this queue only schedules them.
 
-    A failed publish is retried with exponential backoff (``retry_delay`` doubling up to
-    ``max_delay``) while the failure is transient; a permanent store error (a 4xx such
-    as an invalid or too long key) is not retried: the inode is marked failed for good
+    A failed publish is retried by the queue's ``RetryPolicy`` (``PUBLISH_RETRY``: 2 s
+    doubling up to 30 s, without end) while the failure is transient; a permanent store
+    error (a 4xx such as an invalid or too long key), or the last of a policy's
+    ``attempts``, is not retried: the inode is marked failed for good
     (``failed``, and in ``failing`` with the reason), logged once at ERROR, and stays
     staged and journaled: a new close of the file or the next mount tries again.
     ``queued`` holds every inode not yet published, failed ones included; ``wait_idle``
     returns when nothing is left but failures."""
 
     def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
-                 retry_delay: float = 2.0, max_delay: float = 30.0,
+                 policy: RetryPolicy = PUBLISH_RETRY,
                  ready: Callable[[int], bool] = lambda ino: True) -> None:
         self._publish = publish
         self.workers = workers
-        self.retry_delay = retry_delay
-        self.max_delay = max_delay
+        self.policy = policy
         # Workers take inodes from a zero-capacity channel (real back-pressure: the
         # feeder hands one over only when a worker is free); what waits is the backlog,
         # at most one entry per queued inode.  ``ready`` gates an inode (async mode's
@@ -345,7 +350,15 @@ class PublishQueue:
             self._maybe_idle()
             return
         attempts = self._attempts[ino] = self._attempts.get(ino, 0) + 1
-        delay = min(self.max_delay, self.retry_delay * 2 ** (attempts - 1))
+        if self.policy.gives_up(attempts):
+            self.failed[ino] = str(exc)
+            self.failing[ino] = f"failed for good after {attempts} attempts: {exc}"
+            log.error("background publish of inode %d failed %d times (%s); not retried, "
+                      "kept staged and journaled (a new close or the next mount tries "
+                      "again)", ino, attempts, exc)
+            self._maybe_idle()
+            return
+        delay = self.policy.delay(attempts)
         self.failing[ino] = str(exc)
         log.warning("background publish of inode %d failed (%s); retry %d in %.0fs",
                     ino, exc, attempts, delay)

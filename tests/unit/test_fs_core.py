@@ -9,7 +9,8 @@ import trio
 from ckptfs.fs import Config, Filesystem
 from ckptfs.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
-from ckptfs.staging import ChunkCache, Staging
+from ckptfs.cache import ChunkCache
+from ckptfs.staging import Staging
 from ckptfs.store import LocalStore
 
 

@@ -15,7 +15,8 @@ from ckptfs.fs import Config, Filesystem
 from ckptfs.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
 from ckptfs.remote import Entry, chunk_key, entry_key
-from ckptfs.staging import ChunkCache, Staging
+from ckptfs.cache import ChunkCache
+from ckptfs.staging import Staging
 from ckptfs.store import LocalStore
 
 CS = 64 << 10

@@ -11,7 +11,7 @@ import trio
 from ckptfs.errors import FsError
 from ckptfs.namespace import ROOT_INO, Namespace
 from ckptfs.remote import chunk_key
-from ckptfs.staging import ChunkCache
+from ckptfs.cache import ChunkCache
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 
 

@@ -7,6 +7,7 @@ import trio
 
 from ckptfs.namespace import Namespace
 from ckptfs.oplog import MetaLog, OpDropped
+from ckptfs.retrypolicy import RetryPolicy
 from ckptfs.store import StoreError, TransientStoreError
 
 
@@ -23,7 +24,7 @@ def test_records_apply_in_order_transient_errors_retry_permanent_ones_drop(tmp_p
         applied.append(seq)
 
     async def main() -> None:
-        log = MetaLog(ns, retry_delay=0.01, max_delay=0.02)
+        log = MetaLog(ns, policy=RetryPolicy(attempts=None, base_delay=0.01, max_delay=0.02))
         seqs = [log.add({"kind": "x", "name": n}, dirs=[1, 2]) for n in "abcde"]
         assert log.is_busy(1) and log.is_busy(2) and not log.is_busy(3)
         assert log.epoch() == seqs[-1] and not log.done_through(seqs[0])

@@ -36,7 +36,7 @@ class FlakyStore:
 def test_a_hanging_call_ends_at_the_deadline_with_op_and_key(caplog):
     inner = FlakyStore()
     inner.behaviour = "hang"
-    store = RetryingStore(inner, RetryPolicy(timeout=1.0))
+    store = RetryingStore(inner, RetryPolicy(deadline=1.0))
     started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="ckptfs.store"):
         with pytest.raises(StoreTimeout) as info:
@@ -53,7 +53,7 @@ def test_transient_errors_are_retried_but_not_past_the_deadline():
     inner = FlakyStore()
     inner.behaviour = "transient"
     store = RetryingStore(inner, RetryPolicy(attempts=10_000, base_delay=0.05, max_delay=0.2,
-                                             timeout=1.0))
+                                             deadline=1.0))
     with pytest.raises(StoreTimeout, match="put k after 1 s"):
         store.put("k", b"x")
     assert inner.calls > 1
@@ -62,7 +62,7 @@ def test_transient_errors_are_retried_but_not_past_the_deadline():
 def test_permanent_errors_are_never_retried():
     inner = FlakyStore()
     inner.behaviour = "permanent"
-    store = RetryingStore(inner, RetryPolicy(timeout=30))
+    store = RetryingStore(inner, RetryPolicy(deadline=30))
     with pytest.raises(StoreError) as info:
         store.put("k", b"x")
     assert inner.calls == 1 and is_permanent(info.value)
@@ -73,7 +73,7 @@ def test_permanent_errors_are_never_retried():
 def test_close_gives_up_calls_in_flight_at_once():
     inner = FlakyStore()
     inner.behaviour = "hang"
-    store = RetryingStore(inner, RetryPolicy(timeout=60))
+    store = RetryingStore(inner, RetryPolicy(deadline=60))
     errors = []
 
     def call():
@@ -96,7 +96,7 @@ def test_close_gives_up_calls_in_flight_at_once():
 
 def test_results_come_back_and_threads_are_reused():
     inner = FlakyStore()
-    store = RetryingStore(inner, RetryPolicy(timeout=5))
+    store = RetryingStore(inner, RetryPolicy(deadline=5))
     before = threading.active_count()
     for i in range(200):
         assert store.put(f"k{i}", b"x") == '"etag"'

@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .store import ListedObject, ObjectStore, StoreError, TransientStoreError
+from .base import ListedObject, ObjectStore, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class FaultRule:
-    op: str = "*"                  # put, put_if_absent, get, get_range, exists, list, delete
+    op: str = "*"                  # check, put, put_if_absent, get, exists, list, delete
     prefix: str = ""               # only keys starting with this
     kind: str = "transient"        # transient | permanent | corrupt | no_conditional | delay
     times: int = -1                # how many times to fire; -1 = always
@@ -107,13 +107,6 @@ class FaultInjectingStore:
         if rule is not None and rule.kind == "corrupt" and body:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         return body, etag
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        rule = self._before("get_range", key)
-        body = self.inner.get_range(key, start, end)
-        if rule is not None and rule.kind == "corrupt" and body:
-            body = bytes([body[0] ^ 0xFF]) + body[1:]
-        return body
 
     def exists(self, key: str) -> bool:
         self._before("exists", key)

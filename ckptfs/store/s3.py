@@ -1,0 +1,185 @@
+"""``S3Store``: an S3 bucket (and key prefix) through boto3, errors translated into the
+store protocol's (transient, permanent, not found, precondition failed).
+
+Knows nothing above the store protocol; retries are ``retry.RetryingStore``'s.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+from .base import ListedObject, NotFound, PreconditionFailed, StoreError, TransientStoreError
+
+
+def _prehashed_signer() -> str:
+    """Name of a SigV4 signer that reuses a body's sha256 when the request already
+    carries it (``x-amz-checksum-sha256``): every chunk is content-addressed by that
+    digest, and over plain HTTP botocore would otherwise hash each 8 MiB body again.
+    Registered once in botocore's table of signers, under our own name."""
+    from botocore.auth import AUTH_TYPE_MAPS, S3SigV4Auth
+
+    name = "s3v4-ckptfs-prehashed"
+    if name not in AUTH_TYPE_MAPS:
+        class PrehashedS3SigV4Auth(S3SigV4Auth):
+            def payload(self, request):
+                digest = request.headers.get("x-amz-checksum-sha256")
+                if digest and not self._is_streaming_checksum_payload(request):
+                    return base64.b64decode(digest).hex()
+                return super().payload(request)
+
+        AUTH_TYPE_MAPS[name] = PrehashedS3SigV4Auth
+    return name
+
+
+class S3Store:
+    """An S3 bucket (and optional key prefix) through boto3."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
+                 max_pool: int = 32, timeout: float = 30.0) -> None:
+        """``timeout`` is the overall budget of one call (``store_timeout``): one
+        attempt's socket timeouts are scaled so that no attempt alone outlives it."""
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.prefix}"
+        session = boto3.session.Session()
+        # Retries are ours (RetryingStore); botocore's own are kept to a single try so
+        # that back-off and accounting happen in one place.
+        self.client = session.client(
+            "s3", endpoint_url=endpoint_url,
+            config=Config(retries={"max_attempts": 1, "mode": "standard"},
+                          max_pool_connections=max_pool,
+                          connect_timeout=min(5.0, max(0.5, timeout / 4)),
+                          read_timeout=min(30.0, max(0.5, timeout / 2)),
+                          signature_version=_prehashed_signer(),
+                          s3={"addressing_style": "path"},
+                          # Chunks are verified end to end against their sha256; an extra
+                          # CRC32 over every body in Python costs CPU the FUSE loop needs.
+                          request_checksum_calculation="when_required",
+                          response_checksum_validation="when_required"),
+        )
+
+    def _k(self, key: str) -> str:
+        return self.prefix + key
+
+    def _translate(self, exc: Exception, key: str) -> StoreError:
+        from botocore.exceptions import (BotoCoreError, ClientError, ConnectionError as BotoConn,
+                                         NoCredentialsError)
+        if isinstance(exc, NoCredentialsError):
+            return StoreError("no AWS credentials found (set AWS_ACCESS_KEY_ID/"
+                              "AWS_SECRET_ACCESS_KEY or a profile)")
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return PreconditionFailed(key)
+            if code in ("NoSuchKey", "404", "NotFound") and code != "NoSuchBucket":
+                return NotFound(key)
+            if code == "NoSuchBucket":
+                return StoreError(f"bucket {self.bucket!r} does not exist")
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                        "403", "InvalidToken", "ExpiredToken"):
+                return StoreError(f"access denied by the store ({code}): check credentials")
+            if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
+                                                           "RequestTimeout",
+                                                           "InternalError",
+                                                           "ServiceUnavailable"):
+                return TransientStoreError(f"{code or status} on {key}")
+            return StoreError(f"{code or status}: {err.get('Message', '')} ({key})")
+        if isinstance(exc, (BotoConn, BotoCoreError, OSError)):
+            return TransientStoreError(f"{type(exc).__name__}: {exc}")
+        return StoreError(f"{type(exc).__name__}: {exc}")
+
+    def check(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:  # noqa: BLE001 - translated below
+            err = self._translate(exc, "")
+            if isinstance(err, NotFound):
+                raise StoreError(f"bucket {self.bucket!r} does not exist") from None
+            if isinstance(err, TransientStoreError):
+                raise StoreError(f"store unreachable: {err}") from None
+            raise err from None
+
+    def put(self, key: str, data: bytes, sha256: str | None = None, *,
+            if_match: str | None = None) -> str:
+        extra = {}
+        if sha256 is not None:
+            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+        if if_match is not None:
+            extra["IfMatch"] = if_match
+        try:
+            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **extra)
+            return r.get("ETag", "")
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        from botocore.exceptions import ClientError
+        try:
+            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
+                                       IfNoneMatch="*")
+            return r.get("ETag") or '"?"'
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "412") or status == 412:
+                return None
+            if code == "ConditionalRequestConflict" or status == 409:
+                raise TransientStoreError(f"conditional write conflict on {key}") from None
+            raise self._translate(exc, key) from None
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            return r["Body"].read(), r.get("ETag", "")
+        except Exception as exc:  # noqa: BLE001
+            raise self._translate(exc, key) from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            return True
+        except Exception as exc:  # noqa: BLE001
+            err = self._translate(exc, key)
+            if isinstance(err, NotFound):
+                return False
+            raise err from None
+
+    def list(self, prefix: str) -> Iterator[ListedObject]:
+        token: str | None = None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+            if token:
+                kwargs["ContinuationToken"] = token
+            try:
+                r = self.client.list_objects_v2(**kwargs)
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(exc, prefix) from None
+            for obj in r.get("Contents", []):
+                modified = obj.get("LastModified")
+                yield ListedObject(obj["Key"][len(self.prefix):], obj["Size"],
+                                   obj.get("ETag", ""),
+                                   modified.timestamp() if modified else 0.0)
+            if not r.get("IsTruncated"):
+                return
+            token = r.get("NextContinuationToken")
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        extra = {"IfMatch": if_match} if if_match is not None else {}
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key), **extra)
+        except Exception as exc:  # noqa: BLE001
+            err = self._translate(exc, key)
+            if isinstance(err, NotFound) and if_match is not None:
+                raise PreconditionFailed(key) from None
+            if not isinstance(err, NotFound):
+                raise err from None
+
+

@@ -1,0 +1,37 @@
+"""Opening a store from its URL (``file:///path`` or ``s3://bucket/prefix``).
+
+Knows nothing above the store protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+
+from .base import ObjectStore
+from .local import LocalStore
+from .s3 import S3Store
+
+
+class BadStoreURL(ValueError):
+    pass
+
+
+def open_store(url: str, endpoint_url: str | None = None, timeout: float = 60.0) -> ObjectStore:
+    """Build the raw store a URL names (no retries, no counting); ``timeout`` is the
+    overall budget of one call (an S3 client scales its socket timeouts to it)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise BadStoreURL(f"bad store URL {url!r}: use file:///absolute/path")
+        if not parsed.path.startswith("/"):
+            raise BadStoreURL(f"bad store URL {url!r}: the path must be absolute")
+        return LocalStore(Path(urllib.parse.unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise BadStoreURL(f"bad store URL {url!r}: use s3://bucket/prefix")
+        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+            os.environ.get("AWS_ENDPOINT_URL")
+        return S3Store(parsed.netloc, parsed.path, endpoint, timeout=timeout)
+    raise BadStoreURL(f"bad store URL {url!r}: expected file:///path or s3://bucket/prefix")

@@ -1,0 +1,32 @@
+"""The layering is a contract (pyproject.toml, [tool.importlinter]): cli -> daemon ->
+fuse adapter -> core (fs) -> core helpers -> namespace / staging / cache / publisher ->
+liveness -> store; the core never imports pyfuse3 and no layer below the daemon imports
+boto3 outside the S3 store.  ``lint-imports`` checks it on every run of the suite."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lint_imports() -> subprocess.CompletedProcess:
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or \
+        shutil.which("lint-imports")
+    assert exe, "lint-imports is not installed (pip install -e '.[test]')"
+    # The package under test is the one in this checkout, whatever is installed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([exe, "--no-cache"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_layering_contract_holds():
+    proc = lint_imports()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Contracts: 0 kept, 0 broken" not in proc.stdout      # contracts were read
+    assert " broken" in proc.stdout and ", 0 broken" in proc.stdout
