@@ -22,6 +22,7 @@ EXAMPLES = {
     "checkpoint_formats": ("npy", ("npy",)), "lease_ttl": ("12", 12.0),
     "stale_staged_after": ("33", 33.0), "store_timeout": ("5", 5.0),
     "stop_timeout": ("0", 0.0), "max_staged": ("16M", 16 << 20),
+    "metrics_address": ("127.0.0.1:9464", "127.0.0.1:9464"),
 }
 
 
@@ -52,9 +53,9 @@ def test_the_mount_flags_are_the_table_and_a_few_of_the_command_s_own():
     assert flags - own == {s.flag for s in SETTINGS}
 
 
-def test_settings_fields_are_the_table_plus_profiles():
+def test_settings_fields_are_the_table_plus_profiles_and_retention():
     assert [f.name for f in dataclasses.fields(Settings)] == \
-        [s.name for s in SETTINGS] + ["profiles"]
+        [s.name for s in SETTINGS] + ["profiles", "retention"]
 
 
 def test_the_core_config_keeps_the_table_s_defaults():
