@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 from .errors import FsError
-from .fs import Config, Filesystem
+from .core import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
 from .namespace import Namespace
