@@ -25,7 +25,7 @@ from ..liveness import ChunkLiveness, GuardedStore
 from ..publisher import ChunkUploader, PublishQueue
 from ..staging import ChunkCache, Staging
 from ..store import ObjectStore
-from .state import (MAX_STAGED_FRACTION, Config,
+from .state import (MAX_STAGED_FRACTION, Config, DirMarks,
                     Handle, Runtime)
 from .entries import EntryIO
 from .refresh import Refresh
@@ -103,14 +103,13 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         self._next_fh = 1
         self.write_requests = 0
         self.read_requests = 0
-        self._dir_mutations: dict[int, int] = {}     # directory -> local change count
+        self.dir_marks = DirMarks()                  # refresh's change and busy marks
         self._refreshing: dict[int, trio.Event] = {}
         self._refresh_failed: dict[int, FsError] = {}
         self._refresh_started: dict[int, float] = {}
         self._serving_stale = False
         self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
-        self._busy_dirs: dict[int, int] = {}        # directories a rename is changing
         self.meta_limiter = trio.CapacityLimiter(16)
         self.last_write = 0.0
 

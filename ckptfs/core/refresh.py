@@ -81,15 +81,15 @@ class Refresh:
     async def _refresh_dir(self, dir_inode: Inode) -> None:
         """List, fetch what is new or changed, then apply with no ``await``."""
         started = time.time()
-        mutations = self._dir_mutations.get(dir_inode.ino, 0)
+        mutations = self.dir_marks.changes(dir_inode.ino)
         remote = await self._list_names(dir_inode)
         fetched, corrupt = await self._fetch_changed(dir_inode, remote)
         # Apply: no await from here on.
         dir_inode = self.ns.get(dir_inode.ino)
         if not dir_inode.parent and dir_inode.ino != ROOT_INO:
             return
-        changed_locally = (self._dir_mutations.get(dir_inode.ino, 0) != mutations
-                           or dir_inode.ino in self._busy_dirs)
+        changed_locally = (self.dir_marks.changes(dir_inode.ino) != mutations
+                           or self.dir_marks.is_busy(dir_inode.ino))
         self._apply_listing(dir_inode, remote, fetched, corrupt, changed_locally)
         self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
@@ -296,7 +296,7 @@ class Refresh:
                                 entry_key(dir_inode.dir_id, name):
                             reason = f"has the same directory id as {holder_inode.name!r}"
                     elif holder_inode.parent != dir_inode.ino and \
-                            not self._is_open(holder) and holder not in self._busy_dirs:
+                            not self._is_open(holder) and not self.dir_marks.is_busy(holder):
                         self._forget_subtree(holder_inode)   # moved here by another node
             if reason is not None:
                 log.error("corrupt entry %r in %s: %s (EIO for that name)", name,

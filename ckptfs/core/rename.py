@@ -7,7 +7,7 @@ import errno
 import functools
 import logging
 import time
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack
 
 import trio
 
@@ -65,7 +65,7 @@ class Rename:
         seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
         # A listing of either directory applied while the two store steps are under way
         # would see the old name gone and forget it: mark both busy until the move.
-        with self._dirs_busy({old_parent, new_parent}):
+        with self.dir_marks.busy({old_parent, new_parent}):
             await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals,
                                       old=(old_parent, old_name))
         self._drop_rt(inode.ino)
@@ -147,7 +147,7 @@ class Rename:
         for inode in (a, b):
             if inode.type == "dir":
                 await self._wait_uploads_under(inode.ino)
-        with self._dirs_busy({a_parent, b_parent}):
+        with self.dir_marks.busy({a_parent, b_parent}):
             async with AsyncExitStack() as locks:
                 for ino in sorted((a.ino, b.ino)):
                     await locks.enter_async_context(self._rt(ino).lock)
@@ -208,22 +208,6 @@ class Rename:
                                                 if_match=if_match))
         except (FsError, PreconditionFailed) as exc:
             log.warning("could not release the claim on %s (%s): it expires", key, exc)
-
-    @contextmanager
-    def _dirs_busy(self, dirs: set[int]):
-        """Directories a rename is changing: a listing applied while its store steps
-        are under way would see a name gone and forget it, so refresh leaves them alone
-        (and sees them changed afterwards)."""
-        for d in dirs:
-            self._busy_dirs[d] = self._busy_dirs.get(d, 0) + 1
-        try:
-            yield
-        finally:
-            for d in dirs:
-                self._busy_dirs[d] -= 1
-                if not self._busy_dirs[d]:
-                    del self._busy_dirs[d]
-                self._touch_dir(d)
 
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
                              new_name: bytes, target: Inode | None, seals: bool = True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -23,6 +24,40 @@ log = logging.getLogger(__name__)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 MAX_STAGED_FRACTION = 0.5     # default --max-staged: this much of the free state space
+
+
+class DirMarks:
+    """What refresh checks before applying a listing (its apply phase has no await, the
+    listing and fetches before it do): a directory's local *change count*, bumped by
+    every local change, and its *busy* count, held while a rename's store steps are
+    under way (a listing taken meanwhile would see a name gone and forget it)."""
+
+    def __init__(self) -> None:
+        self._changes: dict[int, int] = {}
+        self._busy: dict[int, int] = {}
+
+    def touch(self, ino: int) -> None:
+        self._changes[ino] = self._changes.get(ino, 0) + 1
+
+    def changes(self, ino: int) -> int:
+        return self._changes.get(ino, 0)
+
+    def is_busy(self, ino: int) -> bool:
+        return ino in self._busy
+
+    @contextmanager
+    def busy(self, dirs: set[int]):
+        """Mark ``dirs`` busy for the block; they count as changed afterwards."""
+        for d in dirs:
+            self._busy[d] = self._busy.get(d, 0) + 1
+        try:
+            yield
+        finally:
+            for d in dirs:
+                self._busy[d] -= 1
+                if not self._busy[d]:
+                    del self._busy[d]
+                self.touch(d)
 
 
 @dataclass
@@ -124,7 +159,7 @@ class InodeState:
             del self.runtime[ino]
 
     def _touch_dir(self, ino: int) -> None:
-        self._dir_mutations[ino] = self._dir_mutations.get(ino, 0) + 1
+        self.dir_marks.touch(ino)
 
     def _dir(self, ino: int) -> Inode:
         inode = self.ns.get(ino)
