@@ -167,6 +167,7 @@ class Publish:
             epoch = self._publish_epoch[inode.ino] = self.oplog.epoch()
             self.ns.publish_pending_add(inode.ino, epoch)
         self.queue.submit(inode.ino)
+        self._staged_bytes = (0.0, 0)     # counted again at the next write
 
     def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
         """Keep a working version out of sight: move its staging file aside (for
