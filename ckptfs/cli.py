@@ -213,7 +213,7 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
     import trio
 
     from .daemon import Daemon, MountError, MountOptions
-    from .fs import Config
+    from .core import Config
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if args.log_file and args.ready_fd is None:

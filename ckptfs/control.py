@@ -21,12 +21,10 @@ import logging
 import math
 import os
 import socket
-import stat
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import trio

@@ -23,7 +23,7 @@ import pyfuse3
 import trio
 
 from .control import ControlServer
-from .fs import Config, Filesystem
+from .core import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
 from .namespace import ROOT_INO, Namespace

@@ -17,7 +17,7 @@ import pyfuse3
 import trio
 
 from .errors import FsError, errno_of
-from .fs import Filesystem
+from .core import Filesystem
 from .namespace import Inode
 from .procstat import Opener
 

@@ -46,7 +46,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
                                  run_state_machine_as_test)
 
 from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
-from model_support import (DIR, PIECE, BgWriter, Model, Observation, describe, digest,
+from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
                            observe, parent_of, version_bytes)
 
 # Taken out of the environment: the daemons this test starts inherit it, and ckptfs

@@ -6,7 +6,7 @@ import os
 
 import trio
 
-from ckptfs.fs import Config, Filesystem
+from ckptfs.core import Config, Filesystem
 from ckptfs.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
 from ckptfs.cache import ChunkCache

@@ -9,7 +9,7 @@ import pytest
 
 from ckptfs.cli import build_parser
 from ckptfs.config import SETTINGS, Settings, load
-from ckptfs.fs import Config
+from ckptfs.core import Config
 
 # A valid text for each setting (what a user would type), and what it becomes.
 EXAMPLES = {

@@ -1,0 +1,274 @@
+"""Entry I/O: the one place that maps an ``Inode`` to its remote entry and back, and puts,
+rewrites (compare-and-swap) or deletes entries.  Must not know FUSE, handles or the
+publish queue."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import json
+import logging
+import time
+import uuid
+
+import trio
+
+from ..errors import FsError
+from ..namespace import Inode
+from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key)
+from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class EntryIO:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    def _entry_of(self, inode: Inode) -> Entry:
+        """The entry a name of ``inode`` has in its directory: the whole object, or for
+        a hard-linked inode a "link" entry naming its shared inode object (0008)."""
+        if inode.link_id:
+            return Entry(type="link", mode=0, link=inode.link_id)
+        return self._content_entry(inode)
+
+    def _content_entry(self, inode: Inode) -> Entry:
+        return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
+                     mtime_ns=inode.mtime_ns,
+                     size=inode.published_size if inode.type == "file" else 0,
+                     chunks=list(inode.chunks),
+                     id=inode.dir_id, target=inode.target,
+                     staged=inode.staged and inode.type == "dir",
+                     rdev=inode.rdev, xattrs=dict(inode.xattrs),
+                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
+                     sealed_at=inode.sealed_at)
+
+    async def _store(self, fn, *args, abandon_on_cancel: bool = False):
+        async with self.meta_limiter:
+            try:
+                return await trio.to_thread.run_sync(fn, *args,
+                                                     abandon_on_cancel=abandon_on_cancel)
+            except (NotFound, PreconditionFailed):
+                raise
+            except StoreClosed as exc:   # unmounting: calls in flight are given up
+                log.info("store call given up: %s", exc)
+                raise FsError(errno.EIO, str(exc)) from None
+            except StoreError as exc:
+                log.error("store error: %s", exc)
+                raise FsError(errno.EIO, str(exc)) from None
+
+    def _key_of(self, inode: Inode) -> str:
+        """Where ``inode``'s content entry lives: its shared inode object once it is
+        hard-linked (decision 0008), else the entry of its name."""
+        if inode.link_id:
+            return inode_key(inode.link_id)
+        return entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+
+    async def _put_entry(self, inode: Inode) -> None:
+        if inode.link_id:
+            await self._put_linked(inode)
+            return
+        parent = self.ns.get(inode.parent)
+        key = entry_key(parent.dir_id, inode.name)
+        etag = await self._store(self.store.put, key, self._entry_of(inode).to_json())
+        inode.remote_etag = etag
+        inode.published = True
+        self.ns.save(inode)
+
+    async def _put_linked(self, inode: Inode) -> None:
+        """Publish a hard-linked inode: one PUT of its inode object (the content of
+        every name at once), then — the first time — the link entries of its names."""
+        key = inode_key(inode.link_id)
+        if inode.links_pending and not inode.published:
+            inode.remote_nlink = len(inode.names)
+            etag = await self._store(self.store.put_if_absent, key,
+                                     self._content_entry(inode).to_json())
+            if not etag:
+                raise FsError(errno.EIO, f"{key} exists already")
+            inode.remote_etag = etag
+            inode.published = True
+            self.ns.save(inode)
+        else:
+            await self._rewrite_entry(inode)
+        if inode.links_pending:
+            body = self._entry_of(inode).to_json()
+            for parent, name in inode.names:
+                await self._store(self.store.put, entry_key(self.ns.get(parent).dir_id, name),
+                                  body)
+            inode.links_pending = False
+            self.ns.save(inode)
+
+    async def _change_nlink(self, inode: Inode, delta: int) -> None:
+        """Count a name more or less in a hard-linked inode's object (compare-and-swap
+        on its ETag); the object goes with its last name."""
+        key = inode_key(inode.link_id)
+        etag = inode.remote_etag
+        for _ in range(8):
+            if etag is None:
+                try:
+                    entry, etag = await self._current_entry(inode, key)
+                except FsError as exc:
+                    if exc.errno == errno.ENOENT and delta < 0:
+                        return   # gone already
+                    raise
+                self._adopt_newer(inode, entry, etag)
+            n = inode.remote_nlink + delta
+            try:
+                if n <= 0:
+                    await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                    inode.remote_nlink, inode.remote_etag = 0, None
+                else:
+                    entry = self._content_entry(inode)
+                    entry.nlink = n
+                    inode.remote_etag = await self._store(
+                        functools.partial(self.store.put, key, entry.to_json(),
+                                          if_match=etag))
+                    inode.remote_nlink = n
+                self.ns.save(inode)
+                return
+            except PreconditionFailed:
+                etag = None
+        raise FsError(errno.EIO, f"{key} keeps changing; link count not changed")
+
+    async def _make_linked(self, inode: Inode) -> None:
+        """The first hard link of a published inode: its content moves into a shared
+        inode object (written first, If-None-Match), then its name's entry becomes a
+        link to it (If-Match the entry we read: a newer version another node
+        published meanwhile is adopted first, never lost)."""
+        key = entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, key, allow_link=True)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{key} is being renamed by another node")
+            if entry.type == "link":   # another node linked it meanwhile
+                self._adopt_link(inode, entry.link)
+                inode.remote_etag = None
+                return
+            self._adopt_newer(inode, entry, etag)
+            link_id = uuid.uuid4().hex
+            content = self._content_entry(inode)
+            obj = inode_key(link_id)
+            obj_etag = await self._store(self.store.put_if_absent, obj, content.to_json())
+            try:
+                await self._store(functools.partial(
+                    self.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),
+                    if_match=etag))
+            except PreconditionFailed:
+                await self._store(self.store.delete, obj)
+                continue
+            self.ns.set_link_id(inode, link_id)
+            inode.remote_etag, inode.remote_nlink = obj_etag or None, 1
+            self.ns.save(inode)
+            return
+        raise FsError(errno.EIO, f"{key} keeps changing; not linked")
+
+    def _adopt_link(self, inode: Inode, link_id: str) -> None:
+        self.ns.set_link_id(inode, link_id)
+
+    def _identity(self, inode: Inode) -> dict:
+        """What tells that the store's entry of a name is still ``inode``'s, whatever
+        this node rewrote or moved meanwhile: a directory's id, else the content."""
+        return {"ident": entry_identity(self._content_entry(inode))}
+
+    async def _current_entry(self, inode: Inode, key: str,
+                             allow_link: bool = False) -> tuple[Entry, str]:
+        """The store's entry for a name this node has, checked to be the same object
+        (a directory with the same id, an entry of the same type, a link to the same
+        inode object; with ``allow_link`` any link, for an inode not linked here yet)."""
+        try:
+            body, etag = await self._store(self.store.get, key)
+        except NotFound:
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} was renamed or removed by another node") from None
+        try:
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise FsError(errno.EIO, f"corrupt entry {key}: {exc}") from None
+        if entry.type == "link":
+            if (inode.link_id and entry.link == inode.link_id) or \
+                    (allow_link and not inode.link_id):
+                return entry, etag
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} now names another object")
+        if entry.type != inode.type or (inode.type == "dir" and entry.id != inode.dir_id):
+            self._touch_dir(inode.parent)
+            raise FsError.enoent(f"{key} now names another object")
+        return entry, etag
+
+    def _adopt_newer(self, inode: Inode, entry: Entry, etag: str) -> None:
+        """Take the store's version of a file another node published after our view of
+        it (never move or rewrite a stale version).  A version closed here and not yet
+        published stays: its publish comes later and is the newest."""
+        if etag == inode.remote_etag:
+            return
+        inode.remote_etag = etag
+        if inode.link_id:
+            inode.remote_nlink = entry.nlink
+        if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
+            inode.chunks, inode.size = list(entry.chunks), entry.size
+            inode.mtime_ns = entry.mtime_ns
+            if inode.local_copy:
+                inode.local_copy = False
+                self.cache.untrack_local(inode.ino)
+                self._drop_version_if_unused(inode.ino, inode.ver)
+            self.invalidate(inode.ino)
+        self.ns.save(inode)
+
+    async def _rewrite_entry(self, inode: Inode, key: str | None = None) -> None:
+        """Rewrite a published entry's metadata (attributes, seal) as a compare-and-swap
+        on the ETag we know: if another node changed it meanwhile we take its version
+        and apply ours again; if it was renamed or removed, ENOENT — never resurrect an
+        old name, never overwrite a newer file version with a stale one."""
+        key = key or self._key_of(inode)
+        etag = inode.remote_etag
+        for _ in range(8):
+            if etag is None:
+                entry, etag = await self._current_entry(inode, key)
+                if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                    raise FsError.enoent(f"{key} is being renamed by another node")
+                self._adopt_newer(inode, entry, etag)
+            try:
+                inode.remote_etag = await self._store(
+                    functools.partial(self.store.put, key,
+                                      self._content_entry(inode).to_json(), if_match=etag))
+                inode.published = True
+                self.ns.save(inode)
+                return
+            except PreconditionFailed:
+                etag = None
+        raise FsError(errno.EIO, f"{key} keeps changing; not rewritten")
+
+    async def _delete_if_same(self, key: str, ident: str | None) -> None:
+        """Delete the entry under ``key`` if it still holds the object ``ident`` names
+        (compare-and-swap on its ETag); a newer object there stays."""
+        if not ident:
+            return
+        for _ in range(8):
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except NotFound:
+                return
+            try:
+                entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+            except BadEntry:
+                return    # not ours to judge: left for gc and the log
+            if entry_identity(entry) != ident:
+                log.info("%s holds another object now: left as it is", key)
+                return
+            try:
+                await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                return
+            except PreconditionFailed:
+                continue
+        raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
+
+
+def entry_identity(entry: Entry) -> str:
+    """A directory's id; for anything else a digest of what it holds (type, chunks,
+    size, link target, device): the same after a rename or a mode change, different
+    after another version was published."""
+    if entry.type == "dir":
+        return f"dir:{entry.id}"
+    what = json.dumps([entry.type, entry.chunks, entry.size, entry.target, entry.rdev,
+                       entry.link], default=str)
+    return f"{entry.type}:{hashlib.sha256(what.encode()).hexdigest()}"

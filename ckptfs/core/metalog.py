@@ -1,0 +1,185 @@
+"""Applying async mode's metadata log records to the store, in order (decision 0012): mkdir
+(and joining another node's directory), move, delete, seal."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+
+import trio
+
+from ..errors import FsError
+from ..namespace import Inode
+from ..oplog import OpDropped
+from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
+from ..store import NotFound
+
+log = logging.getLogger(__name__)
+
+
+class MetaLogApply:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # ------------------------------------------------------------------ the metadata log
+
+    async def _execute_meta(self, seq: int, record: dict) -> None:
+        """Apply one record of the metadata log to the store (oplog.py)."""
+        await self._recovered.wait()
+        kind = record.get("kind")
+        if kind == "mkdir":
+            await self._exec_mkdir(record)
+        elif kind == "move":
+            await self._exec_move(seq, record)
+        elif kind == "delete":
+            await self._delete_if_same(self._logged_key(record), record.get("ident"))
+        elif kind == "seal":
+            await self._exec_seal(seq, record)
+        else:
+            raise OpDropped(f"unknown record kind {kind!r}")
+
+    def _logged_key(self, record: dict, dir_field: str = "parent_id",
+                    name_field: str = "name") -> str:
+        return entry_key(self.oplog.resolve(record[dir_field]),
+                         bytes.fromhex(record[name_field]))
+
+    async def _exec_mkdir(self, record: dict) -> None:
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:      # an rmdir meanwhile waits, then sees it
+            inode = self.ns.maybe_get(ino)
+            if inode is None or inode.type != "dir" or inode.published or not inode.parent:
+                return   # removed here before it reached the store: nothing to create
+            created = await self._store(self.store.put_if_absent, key,
+                                        self._content_entry(inode).to_json())
+            if created is not None:
+                inode.published, inode.remote_etag = True, created
+                inode.listed_at = time.time()
+                self.ns.save(inode)
+            else:
+                await self._join_dir(inode, key)
+        self._drop_rt(ino)
+
+    async def _join_dir(self, inode: Inode, key: str) -> None:
+        """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
+        node's own put before a restart): a directory there is joined, with its id."""
+        try:
+            body, etag = await self._store(self.store.get, key)
+        except NotFound:
+            raise FsError(errno.EIO, f"{key} vanished while creating it") from None
+        try:
+            other = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise OpDropped(f"the store's entry {key} is corrupt ({exc})") from None
+        if other.type != "dir":
+            raise OpDropped(f"another node made {key} a {other.type}; this directory "
+                            f"stays on this node only")
+        old_id = inode.dir_id
+        if other.id != old_id:
+            log.info("%s was created by another node too: joined its directory",
+                     self._path_for_log(inode))
+            await self.leases.dir_id_changed(inode.ino, other.id)
+            self.oplog.alias(old_id, other.id)
+            self.ns.change_dir_id(inode, other.id)
+            inode.staged = other.staged
+        inode.published, inode.remote_etag, inode.listed_at = True, etag, 0.0
+        self.ns.save(inode)
+        if other.id != old_id:
+            await self._rehome_children(inode, old_id)
+
+    async def _rehome_children(self, inode: Inode, old_id: str) -> None:
+        """Entries already published under a joined directory's old id move to its
+        new one (files renamed into it before it reached the store)."""
+        for name, child in self.ns.children(inode.ino):
+            async with self._rt(child).lock:
+                child_inode = self.ns.maybe_get(child)
+                if child_inode is None or not child_inode.published:
+                    continue
+                old_key = entry_key(old_id, name)
+                try:
+                    body, _ = await self._store(self.store.get, old_key)
+                except NotFound:
+                    continue
+                new_etag = await self._store(self.store.put, entry_key(inode.dir_id, name),
+                                             body)
+                await self._store(self.store.delete, old_key)
+                if not child_inode.link_id:
+                    child_inode.remote_etag = new_etag
+                    self.ns.save(child_inode)
+            self._drop_rt(child)
+
+    async def _wait_publishes_before(self, seq: int, dir_ino: int) -> None:
+        """Until the uploads below a directory closed before record ``seq`` are in the
+        store (failed-for-good ones excepted: they never will be)."""
+        while True:
+            older = [ino for ino in self.queue.active()
+                     if self._publish_epoch.get(ino, 0) < seq]
+            if not self._pending_under(dir_ino, older):
+                return
+            await trio.sleep(0.05)
+
+    async def _exec_move(self, seq: int, record: dict) -> None:
+        ino = record["ino"]
+        old_key = self._logged_key(record)
+        new_key = self._logged_key(record, "to_id", "to_name")
+        replaced = (record.get("replaced") or {}).get("ident")
+        if record.get("type") == "dir":
+            await self._wait_publishes_before(seq, ino)
+        inode = self.ns.maybe_get(ino)
+        if inode is None or not inode.parent or inode.link_id:
+            # Removed here since: what the store has under the old name goes (its
+            # delete, later in the log, looks under the name it had then).
+            await self._delete_if_same(old_key, record.get("ident"))
+            await self._delete_if_same(new_key, replaced)
+            return
+        seals = bool(record.get("seals")) and inode.staged and \
+            not self._pending_under(ino, list(self.queue.failed))
+        if seals and not await self.leases.may_seal(ino):
+            seals = False    # other nodes still write below it: pending (leases.py)
+        async with self._rt(ino).lock:
+            inode = self.ns.get(ino)
+            try:
+                await self._move_entry(inode, old_key, new_key, seals)
+            except FsError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                # Not in the store under its old name (never published there, or
+                # another node moved it): its own publish writes the new name.
+                log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
+                seals = False
+                await self._delete_if_same(new_key, replaced)
+            if seals:
+                inode.staged = False
+            self.ns.save(inode)
+        self._drop_rt(ino)
+        if seals:
+            self._sealed(inode)
+
+    async def _exec_seal(self, seq: int, record: dict) -> None:
+        started = time.monotonic()
+        ino = record["ino"]
+        await self._wait_publishes_before(seq, ino)
+        inode = self.ns.maybe_get(ino)
+        if inode is None or not inode.parent or not inode.staged or inode.type != "dir":
+            return
+        if self._pending_under(ino, list(self.queue.failed)):
+            raise OpDropped("a file below failed to upload for good: it stays unsealed")
+        if not await self.leases.may_seal(ino):
+            return   # other nodes still write below it: pending (leases.py)
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.get(ino)
+            if not inode.staged or not inode.parent:
+                return
+            inode.staged, inode.sealed_at = False, time.time()
+            try:
+                await self._rewrite_entry(inode, key)
+            except BaseException as exc:
+                inode.staged = True
+                self.ns.save(inode)
+                if isinstance(exc, FsError) and exc.errno == errno.ENOENT:
+                    raise OpDropped(exc.reason) from None
+                raise
+        self._drop_rt(ino)
+        self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)

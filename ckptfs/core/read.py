@@ -1,0 +1,129 @@
+"""The read path: reading a handle's snapshot from staging or from verified cached chunks,
+read-ahead, prefetch warming, evicting local copies."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import trio
+
+from ..namespace import Inode
+from .state import (Handle)
+
+log = logging.getLogger(__name__)
+
+
+class ReadPath:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        handle = self._handle(fh)
+        inode = self.ns.get(handle.ino)
+        snap = handle.snapshot
+        if handle.writable or snap[0] == "live":
+            rt = self._rt(inode.ino)
+            if rt.session is not None:
+                ver = rt.session.ver
+            elif inode.dirty or inode.local_copy:
+                ver = inode.ver
+            else:
+                return await self._read_remote(handle, list(inode.chunks), inode.size,
+                                               offset, size)
+            if offset >= inode.size:
+                return b""
+            return os.pread(self.staging.fd(inode.ino, ver), min(size, inode.size - offset),
+                            offset)
+        if snap[0] == "staging":
+            if not inode.dirty and inode.ver == snap[1]:
+                self.cache.touch_local(inode.ino)
+            return os.pread(self.staging.fd(inode.ino, snap[1]), size, offset)
+        return await self._read_remote(handle, snap[1], snap[2], offset, size)
+
+    async def _read_remote(self, handle: Handle, chunks: list, total: int, offset: int,
+                           size: int) -> bytes:
+        self.read_requests += 1
+        # Concurrent kernel read-ahead requests arrive slightly out of order: "close to
+        # where the last read ended" counts as sequential.
+        if abs(offset - handle.read_end) <= 4 * self.config.chunk_size // 2:
+            handle.sequential += 1
+        else:
+            handle.sequential = 0
+        handle.read_end = max(handle.read_end, offset + size) if handle.sequential else \
+            offset + size
+        window = self.config.readahead_chunks if handle.sequential >= 2 else 1
+        return await self._read_chunks(chunks, total, offset, size, window)
+
+    async def _read_chunks(self, chunks: list, total: int, offset: int, size: int,
+                           window: int = 1) -> bytes:
+        end = min(offset + size, total)
+        if offset >= end:
+            return b""
+        wanted = []
+        pos = 0
+        for index, (sha, length) in enumerate(chunks):
+            if pos + length > offset and pos < end:
+                wanted.append((pos, sha, length, index))
+            pos += length
+            if pos >= end:
+                break
+        for _, sha, _, _ in wanted:
+            self.cache.pin(sha)
+        try:
+            if len(wanted) == 1:
+                await self.cache.ensure(wanted[0][1], wanted[0][2])
+            else:
+                async with trio.open_nursery() as nursery:
+                    for _, sha, length, _ in wanted:
+                        nursery.start_soon(self.cache.ensure, sha, length)
+            last_index = wanted[-1][3]
+            for sha, length in chunks[last_index + 1:last_index + 1 + window]:
+                if not self.cache.has(sha) and not self.cache.fetching(sha):
+                    self.nursery.start_soon(self._readahead, sha, length)
+            parts = []
+            for pos, sha, length, _ in wanted:
+                lo = max(offset, pos) - pos
+                hi = min(end, pos + length) - pos
+                parts.append(self.cache.pread(sha, hi - lo, lo))
+            return b"".join(parts)
+        finally:
+            for _, sha, _, _ in wanted:
+                self.cache.unpin(sha)
+
+    async def _readahead(self, sha: str, length: int) -> None:
+        try:
+            await self.cache.ensure(sha, length)
+        except Exception as exc:  # a reader that needs it will see the error
+            log.debug("read-ahead of %s failed: %s", sha[:12], exc)
+
+    def _evict_local_copy(self, ino: int) -> bool:
+        inode = self.ns.maybe_get(ino)
+        if inode is None:
+            return True
+        if inode.dirty or self._is_open(ino) or ino in self.queue.queued:
+            return False
+        inode.local_copy = False
+        self.ns.save(inode)
+        self._drop_version_if_unused(ino, inode.ver)
+        return True
+
+    async def warm(self, inode: Inode, on_bytes: Callable[[int], None]) -> None:
+        """Bring every chunk of a published file into the node cache."""
+        if inode.dirty or inode.local_copy:
+            on_bytes(inode.size)
+            return
+        errors: list[BaseException] = []
+
+        async def one(sha: str, length: int) -> None:
+            try:
+                await self.cache.ensure(sha, length)
+                on_bytes(length)
+            except Exception as exc:  # reported per file by the caller
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for sha, length in inode.chunks:
+                nursery.start_soon(one, sha, length)
+        if errors:
+            raise errors[0]

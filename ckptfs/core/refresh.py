@@ -1,0 +1,334 @@
+"""Directory refresh: merging the store's listing of a directory into the namespace (TTL,
+stale-is-better-than-hung, hostile directory ids).  The apply phase has no ``await``."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+
+import trio
+
+from ..errors import FsError
+from ..namespace import ROOT_INO, Inode
+from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, entry_key, inode_key)
+from ..store import NotFound
+
+log = logging.getLogger(__name__)
+
+
+class Refresh:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # ------------------------------------------------------------------ remote listing
+
+    async def refresh_dir(self, ino: int, force: bool = False) -> None:
+        """Merge the store's listing of a directory into the namespace (TTL-limited).
+
+        Stale is better than hung: when this node has listed the directory before and
+        the store does not answer within ``stale_wait``, the caller goes on with what
+        the node knows (said once in the log) while the refresh finishes in the
+        background.  A directory never listed, or a ``force`` refresh (rmdir, rename
+        over a directory), waits for the store and fails with its error."""
+        inode = self._dir(ino)
+        if not force and time.time() - inode.listed_at < self.config.metadata_ttl:
+            return
+        if self.oplog.is_busy(ino) or (not inode.published and ino != ROOT_INO):
+            # Changes of this node are on their way to the store (oplog.py), or the
+            # directory is not there yet: this node's view is the newer one.
+            return
+        event = self._refreshing.get(ino)
+        if event is None:
+            event = self._refreshing[ino] = trio.Event()
+            self._refresh_started[ino] = trio.current_time()
+            self.nursery.start_soon(self._refresh_in_background, ino, event)
+        if force or not inode.listed_at:
+            await event.wait()
+            error = self._refresh_failed.get(ino)
+            if error is not None:
+                raise FsError(error.errno, error.reason)
+            return
+        # One wait per slow listing, not one per request: once a refresh has been
+        # pending for ``stale_wait``, later requests answer at once.
+        waited = trio.current_time() - self._refresh_started.get(ino, trio.current_time())
+        with trio.move_on_after(max(0.0, self.config.stale_wait - waited)):
+            await event.wait()
+            return
+        if not self._serving_stale:
+            log.warning("the store is slow to list %s: answering from this node's metadata "
+                        "(said once)", self._path_for_log(inode))
+        self._serving_stale = True
+
+    async def _refresh_in_background(self, ino: int, event: trio.Event) -> None:
+        try:
+            inode = self.ns.maybe_get(ino)
+            if inode is not None and inode.type == "dir":
+                await self._refresh_dir(inode)
+            self._refresh_failed.pop(ino, None)
+            self._serving_stale = False
+        except FsError as exc:
+            if ino not in self._refresh_failed:   # once per outage, not every TTL
+                log.warning("listing directory inode %d failed: %s", ino, exc)
+            self._refresh_failed[ino] = exc
+        except Exception as exc:  # a background task must never take the daemon down
+            self._refresh_failed[ino] = FsError(errno.EIO, str(exc))
+            log.exception("listing inode %d failed", ino)
+        finally:
+            del self._refreshing[ino]
+            self._refresh_started.pop(ino, None)
+            event.set()
+
+    async def _refresh_dir(self, dir_inode: Inode) -> None:
+        """List, fetch what is new or changed, then apply with no ``await``."""
+        started = time.time()
+        mutations = self.dir_marks.changes(dir_inode.ino)
+        remote = await self._list_names(dir_inode)
+        fetched, corrupt = await self._fetch_changed(dir_inode, remote)
+        # Apply: no await from here on.
+        dir_inode = self.ns.get(dir_inode.ino)
+        if not dir_inode.parent and dir_inode.ino != ROOT_INO:
+            return
+        changed_locally = (self.dir_marks.changes(dir_inode.ino) != mutations
+                           or self.dir_marks.is_busy(dir_inode.ino))
+        self._apply_listing(dir_inode, remote, fetched, corrupt, changed_locally)
+        self._corrupt[dir_inode.ino] = corrupt
+        dir_inode.listed_at = started
+        self.ns.save(dir_inode)
+
+    async def _list_names(self, dir_inode: Inode) -> dict[bytes, tuple[str, str]]:
+        """The store's names in a directory: name -> (key, ETag)."""
+        prefix = dir_prefix(dir_inode.dir_id)
+        listing = await self._store(lambda: list(self.store.list(prefix)))
+        remote: dict[bytes, tuple[str, str]] = {}
+        for obj in listing:
+            rest = obj.key[len(prefix):]
+            if "/" in rest:
+                continue
+            try:
+                remote[decode_name(rest)] = (obj.key, obj.etag)
+            except BadEntry as exc:
+                log.error("ignoring bad name %r in %s: %s", rest, prefix, exc)
+        return remote
+
+    async def _fetch_changed(self, dir_inode: Inode, remote: dict[bytes, tuple[str, str]]
+                             ) -> tuple[dict[bytes, tuple[Entry, str]], set[bytes]]:
+        """GET the entries that are new or changed (ETag), links resolved; names whose
+        entry is corrupt go to the second set (EIO for them)."""
+        local = dict(self.ns.children(dir_inode.ino))
+        to_fetch = []
+        for name, (key, etag) in remote.items():
+            ino = local.get(name)
+            if ino is not None and self.ns.get(ino).remote_etag == etag and etag:
+                continue
+            to_fetch.append((name, key))
+        fetched: dict[bytes, tuple[Entry, str]] = {}
+        corrupt: set[bytes] = set()
+
+        async def fetch(name: bytes, key: str) -> None:
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except NotFound:
+                return
+            except FsError:
+                return
+            try:
+                fetched[name] = (Entry.from_json(body, MAX_CHUNK_SIZE), etag)
+            except BadEntry as exc:
+                log.error("corrupt entry %s: %s (EIO for that name)", key, exc)
+                corrupt.add(name)
+
+        async with trio.open_nursery() as nursery:
+            for name, key in to_fetch:
+                nursery.start_soon(fetch, name, key)
+        await self._resolve_links(fetched, corrupt)
+        return fetched, corrupt
+
+    def _apply_listing(self, dir_inode: Inode, remote: dict, fetched: dict, corrupt: set,
+                       changed_locally: bool) -> None:
+        """The apply phase (plain ``def``: no await between related changes).  A
+        directory this node changed meanwhile only gains nothing and loses nothing."""
+        local = dict(self.ns.children(dir_inode.ino))
+        if not changed_locally:
+            self._drop_hostile_dir_ids(dir_inode, fetched, remote, local, corrupt)
+        for name, (entry, etag) in fetched.items():
+            ino = local.get(name)
+            if ino is None:
+                if changed_locally:
+                    continue
+                holder = self._holder_of(entry)
+                if holder is None:
+                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    continue
+                # Another name of a hard-linked inode this node knows already.
+                self.ns.add_name(holder, dir_inode.ino, name)
+                ino = holder.ino
+            inode = self.ns.get(ino)
+            if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
+                continue
+            if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id) \
+                    or (inode.link_id != entry.link and
+                        (inode.link_id is not None or self._holder_of(entry) is not None)):
+                self._forget_subtree(inode, dir_inode.ino, name)
+                holder = self._holder_of(entry)
+                if holder is None:
+                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    continue
+                self.ns.add_name(holder, dir_inode.ino, name)
+                inode = holder
+                ino = holder.ino
+            self._take_entry(inode, entry, etag)
+        if not changed_locally:
+            self._forget_vanished(dir_inode, remote, local)
+
+    def _take_entry(self, inode: Inode, entry: Entry, etag: str) -> None:
+        """Another node's version of a name this node knows (no await)."""
+        ino = inode.ino
+        if entry.link and inode.link_id is None:   # another node linked it
+            self.ns.set_link_id(inode, entry.link)
+        inode.remote_nlink = entry.nlink if entry.link else 0
+        content_changed = inode.chunks != entry.chunks
+        inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
+        inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
+        inode.target, inode.remote_etag = entry.target, etag
+        inode.rdev, inode.xattrs = entry.rdev, dict(entry.xattrs)
+        inode.staged = entry.staged and entry.type == "dir"
+        if inode.type == "symlink" and entry.target is not None:
+            inode.size = len(entry.target)
+        if content_changed and inode.local_copy:
+            inode.local_copy = False
+            self.cache.untrack_local(ino)
+            self._drop_version_if_unused(ino, inode.ver)
+        self.ns.save(inode)
+        if content_changed:
+            self.invalidate(ino)
+
+    def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict) -> None:
+        """Names gone from the store that this node has no work for (no await)."""
+        for name, ino in local.items():
+            if name in remote:
+                continue
+            inode = self.ns.get(ino)
+            if inode.published and not inode.dirty and not self._is_open(ino) \
+                    and ino not in self.queue.queued and not self._locked(ino):
+                self._forget_subtree(inode, dir_inode.ino, name)
+
+    async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],
+                             corrupt: set[bytes]) -> None:
+        """Replace each fetched "link" entry by its shared inode object (one GET per
+        object, decision 0008), with the object's ETag.  A link whose object is
+        missing or malformed answers EIO for that name."""
+        ids = {entry.link for entry, _ in fetched.values() if entry.type == "link"}
+        objects: dict[str, tuple[Entry, str]] = {}
+
+        async def fetch(link_id: str) -> None:
+            key = inode_key(link_id)
+            try:
+                body, etag = await self._store(self.store.get, key)
+            except (NotFound, FsError):
+                return
+            try:
+                obj = Entry.from_json(body, MAX_CHUNK_SIZE)
+                if obj.type in ("dir", "link"):
+                    raise BadEntry(f"an inode object of type {obj.type}")
+            except BadEntry as exc:
+                log.error("corrupt inode object %s: %s", key, exc)
+                return
+            obj.link = link_id
+            objects[link_id] = (obj, etag)
+
+        async with trio.open_nursery() as nursery:
+            for link_id in ids:
+                nursery.start_soon(fetch, link_id)
+        for name, (entry, _) in list(fetched.items()):
+            if entry.type != "link":
+                continue
+            if entry.link in objects:
+                fetched[name] = objects[entry.link]
+            else:
+                log.error("link %r names a missing inode object %s (EIO for that name)",
+                          name, entry.link)
+                corrupt.add(name)
+                del fetched[name]
+
+    def _holder_of(self, entry: Entry) -> Inode | None:
+        """The inode this node holds, under another name, for a linked entry."""
+        if not entry.link:
+            return None
+        ino = self.ns.ino_of_link_id(entry.link)
+        holder = self.ns.maybe_get(ino) if ino is not None else None
+        return holder if holder is not None and holder.parent else None
+
+    def _drop_hostile_dir_ids(self, dir_inode: Inode, fetched: dict, remote: dict,
+                              local: dict, corrupt: set[bytes]) -> None:
+        """Directory ids must form a tree: an entry naming the id of this directory or
+        of one of its ancestors (an endless tree), or an id another name of this
+        listing already has (one directory twice), answers EIO for that name.  An id
+        this node knows under a name elsewhere is a directory another node moved here:
+        the old place is forgotten.  (Part of the apply phase: no await.)"""
+        ancestors = set()
+        cur = dir_inode
+        while True:
+            ancestors.add(cur.dir_id)
+            if cur.ino == ROOT_INO or not cur.parent:
+                break
+            cur = self.ns.get(cur.parent)
+        claimed: dict[str, bytes] = {}
+        for name in sorted(fetched):
+            entry, _ = fetched[name]
+            if entry.type != "dir":
+                continue
+            reason = None
+            if entry.id in ancestors:
+                reason = "names its own ancestor (a directory loop)"
+            elif entry.id in claimed:
+                reason = f"has the same directory id as {claimed[entry.id]!r}"
+            else:
+                claimed[entry.id] = name
+                holder = self.ns.ino_of_dir_id(entry.id)
+                holder_inode = self.ns.maybe_get(holder) if holder is not None else None
+                if holder_inode is not None and holder != local.get(name) \
+                        and holder_inode.parent:
+                    if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
+                        # Both names listed: an alias, unless the other one is the
+                        # claimed source of a rename to this name (decision 0006).
+                        other = fetched.get(holder_inode.name)
+                        if other is None or other[0].moving_to != \
+                                entry_key(dir_inode.dir_id, name):
+                            reason = f"has the same directory id as {holder_inode.name!r}"
+                    elif holder_inode.parent != dir_inode.ino and \
+                            not self._is_open(holder) and not self.dir_marks.is_busy(holder):
+                        self._forget_subtree(holder_inode)   # moved here by another node
+            if reason is not None:
+                log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
+                          dir_prefix(dir_inode.dir_id), reason)
+                corrupt.add(name)
+                del fetched[name]
+
+    def _adopt_entry(self, parent: int, name: bytes, entry: Entry, etag: str) -> Inode:
+        size = len(entry.target) if entry.target is not None else entry.size
+        return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
+                                 size=size, chunks=entry.chunks, published=True,
+                                 remote_etag=etag, dir_id=entry.id, target=entry.target,
+                                 mtime_ns=entry.mtime_ns, rdev=entry.rdev,
+                                 xattrs=dict(entry.xattrs), link_id=entry.link,
+                                 remote_nlink=entry.nlink if entry.link else 0,
+                                 staged=entry.staged and entry.type == "dir",
+                                 sealed_at=entry.sealed_at)
+
+    def _forget_subtree(self, inode: Inode, parent: int | None = None,
+                        name: bytes | None = None) -> None:
+        """Drop a name that vanished from the store (another node removed it); by
+        default the inode's first name.  What this node still has work for (dirty,
+        open, queued, locked) stays; a hard-linked inode stays while it has a name."""
+        if inode.type == "dir":
+            for child_name, child in self.ns.children(inode.ino):
+                child_inode = self.ns.get(child)
+                if child_inode.dirty or self._is_open(child) or child in self.queue.queued:
+                    continue
+                self._forget_subtree(child_inode, inode.ino, child_name)
+        if parent is None:
+            parent, name = inode.parent, inode.name
+        self.ns.unlink(inode, parent, name)
+        if not inode.parent and not self._is_open(inode.ino):
+            self._delete_inode(inode)
+        self.invalidate(inode.ino)

@@ -1,0 +1,304 @@
+"""Rename and exchange: the claim/copy/conditional-delete protocol of decision 0006, and
+async mode's local rename (decision 0012)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import time
+from contextlib import AsyncExitStack
+
+import trio
+
+from ..errors import FsError
+from ..namespace import ROOT_INO, Inode
+from ..remote import (Entry, entry_key)
+from ..store import PreconditionFailed
+from .state import (RENAME_EXCHANGE, RENAME_NOREPLACE)
+from .names import check_name_or_raise
+
+log = logging.getLogger(__name__)
+
+
+class Rename:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # ------------------------------------------------------------------ rename
+
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
+                     flags: int) -> None:
+        if flags & RENAME_EXCHANGE:
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EINVAL, "RENAME_EXCHANGE with RENAME_NOREPLACE")
+            await self._exchange(old_parent, old_name, new_parent, new_name)
+            return
+        check_name_or_raise(new_name)
+        inode = await self.lookup(old_parent, old_name)
+        new_dir = self._dir(new_parent)
+        await self.refresh_dir(new_parent)
+        self._refuse_move_into_itself(inode, new_parent)
+        target_ino = self.ns.lookup(new_parent, new_name)
+        target = self.ns.get(target_ino) if target_ino is not None else None
+        if target is not None:
+            if target.ino == inode.ino:
+                return
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EEXIST)
+            if inode.type == "dir" and target.type != "dir":
+                raise FsError(errno.ENOTDIR)
+            if inode.type != "dir" and target.type == "dir":
+                raise FsError(errno.EISDIR)
+            if target.type == "dir":
+                await self.refresh_dir(target.ino, force=not self._deferred())
+                if self.ns.has_children(target.ino):
+                    raise FsError(errno.ENOTEMPTY)
+        if self._deferred() and not inode.link_id and \
+                not (target is not None and target.link_id):
+            await self._rename_local(inode, old_parent, old_name, new_parent, new_name)
+            return
+        if inode.type == "dir":
+            # The renamed tree must appear complete: let its pending uploads land first.
+            await self._wait_uploads_under(inode.ino)
+        # Renaming a staged directory seals it, unless other nodes still write below it
+        # (leases): then it moves, stays staged, and its seal is pending (0004).
+        seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
+        # A listing of either directory applied while the two store steps are under way
+        # would see the old name gone and forget it: mark both busy until the move.
+        with self.dir_marks.busy({old_parent, new_parent}):
+            await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals,
+                                      old=(old_parent, old_name))
+        self._drop_rt(inode.ino)
+        # A completion mark written as a temp file and renamed into place (DCP's
+        # .metadata) seals like a mark closed in place.
+        if inode.type == "file" and not inode.dirty:
+            await self._seals_after_close(inode, wait=True)
+        elif inode.type == "file" and not self._writers(inode.ino):
+            self._seals_after_close(inode, wait=False)
+
+    async def _rename_local(self, inode: Inode, old_parent: int, old_name: bytes,
+                            new_parent: int, new_name: bytes) -> None:
+        """Async mode: the rename happens here at once and never waits for uploads; the
+        store follows in log order (``_exec_move``), after the uploads below a renamed
+        directory, so other nodes see the tree complete under its new name.  Renaming a
+        staged directory seals it there, when the cluster allows (leases)."""
+        target_ino = self.ns.lookup(new_parent, new_name)
+        # The moved inode needs no lock: its record is applied after whatever store step
+        # of it is in flight, and looks at the store then.  The replaced one's publish
+        # in flight lands first, so the record knows to delete it.
+        inos = [target_ino] if target_ino is not None and target_ino != inode.ino else []
+        async with AsyncExitStack() as locks:
+            for ino in inos:
+                await locks.enter_async_context(self._rt(ino).lock)
+            inode = self.ns.get(inode.ino)
+            if not inode.parent or self.ns.lookup(old_parent, old_name) != inode.ino:
+                raise FsError.enoent("removed while renaming")
+            if self.ns.lookup(new_parent, new_name) != target_ino:
+                raise FsError(errno.EAGAIN, "the target changed while renaming")
+            old_dir, new_dir = self.ns.get(old_parent), self._dir(new_parent)
+            record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
+                      "name": old_name.hex(), "to_id": new_dir.dir_id,
+                      "to_name": new_name.hex(), "type": inode.type,
+                      "seals": inode.type == "dir" and inode.staged,
+                      **self._identity(inode), "replaced": None}
+            target_ino = self.ns.lookup(new_parent, new_name)
+            if target_ino is not None and target_ino != inode.ino:
+                replaced = self.ns.get(target_ino)
+                if replaced.published:
+                    record["replaced"] = self._identity(replaced)
+                self.ns.unlink(replaced, new_parent, new_name)
+                if not replaced.parent and not self._is_open(replaced.ino):
+                    self._delete_inode(replaced)
+            self._touch_dir(old_parent)
+            self._touch_dir(new_parent)
+            self.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
+            self._mark_parent_changed(old_dir)
+            if new_parent != old_parent:
+                self._mark_parent_changed(self.ns.get(new_parent))
+            self.oplog.add(record, dirs=[old_parent, new_parent])
+        for ino in inos + [inode.ino]:
+            self._drop_rt(ino)
+        await self._sync_journal()
+        if inode.type == "file" and not self._writers(inode.ino):
+            self._seals_after_close(inode, wait=False)
+
+    def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
+        if moving.type != "dir":
+            return
+        ancestor = dest
+        while ancestor != ROOT_INO:
+            if ancestor == moving.ino:
+                raise FsError(errno.EINVAL, "cannot move a directory into itself")
+            ancestor = self.ns.get(ancestor).parent
+
+    async def _exchange(self, a_parent: int, a_name: bytes, b_parent: int,
+                        b_name: bytes) -> None:
+        """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
+        claimed as in a rename (decision 0006), the swap is journaled, then each key
+        gets the other's entry (If-Match its claim)."""
+        a = await self.lookup(a_parent, a_name)
+        b = await self.lookup(b_parent, b_name)
+        self._dir(a_parent)
+        self._dir(b_parent)
+        if a.ino == b.ino:
+            return
+        self._refuse_move_into_itself(a, b_parent)
+        self._refuse_move_into_itself(b, a_parent)
+        for inode in (a, b):
+            if inode.type == "dir":
+                await self._wait_uploads_under(inode.ino)
+        with self.dir_marks.busy({a_parent, b_parent}):
+            async with AsyncExitStack() as locks:
+                for ino in sorted((a.ino, b.ino)):
+                    await locks.enter_async_context(self._rt(ino).lock)
+                a, b = self.ns.get(a.ino), self.ns.get(b.ino)
+                if self.ns.lookup(a_parent, a_name) != a.ino or \
+                        self.ns.lookup(b_parent, b_name) != b.ino:
+                    raise FsError.enoent("changed while exchanging")
+                key_a = entry_key(self.ns.get(a_parent).dir_id, a_name)
+                key_b = entry_key(self.ns.get(b_parent).dir_id, b_name)
+                a_remote = a.published and not a.links_pending
+                b_remote = b.published and not b.links_pending
+                claim_a = await self._claim(a, key_a, key_b) if a_remote else None
+                try:
+                    claim_b = await self._claim(b, key_b, key_a) if b_remote else None
+                except BaseException:
+                    if claim_a is not None:   # give the first name back its entry
+                        with trio.CancelScope(shield=True):
+                            await self._put_quietly(key_a, self._entry_of(a), claim_a)
+                    raise
+                steps = [(key_b, self._entry_of(a).to_json().decode() if a_remote
+                          else None, claim_b),
+                         (key_a, self._entry_of(b).to_json().decode() if b_remote
+                          else None, claim_a)]
+                seq = self.ns.journal_add({"op": "exchange", "steps": steps})
+                await self._sync_journal()
+                await self._finish_exchange(steps)
+                self.ns.journal_done(seq)
+                self.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
+                for ino in (a.ino, b.ino):
+                    inode = self.ns.get(ino)
+                    if inode.published and not inode.link_id:
+                        inode.remote_etag = None   # read again before the next rewrite
+                        self.ns.save(inode)
+                self._mark_parent_changed(self.ns.get(a_parent))
+                if b_parent != a_parent:
+                    self._mark_parent_changed(self.ns.get(b_parent))
+        self._drop_rt(a.ino)
+        self._drop_rt(b.ino)
+
+    async def _finish_exchange(self, steps: list) -> None:
+        """Write each key's new entry (or delete it when its new object was never
+        published), conditional on our claim; also the journal replay."""
+        for key, body, claim in steps:
+            try:
+                if body is not None:
+                    await self._store(functools.partial(self.store.put, key, body.encode(),
+                                                        if_match=claim))
+                elif claim is not None:
+                    await self._store(functools.partial(self.store.delete, key,
+                                                        if_match=claim))
+            except PreconditionFailed:
+                log.warning("%s was written again by another node during an exchange: "
+                            "that newer version stays", key)
+
+    async def _put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
+        try:
+            await self._store(functools.partial(self.store.put, key, entry.to_json(),
+                                                if_match=if_match))
+        except (FsError, PreconditionFailed) as exc:
+            log.warning("could not release the claim on %s (%s): it expires", key, exc)
+
+    async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
+                             new_name: bytes, target: Inode | None, seals: bool = True,
+                             old: tuple[int, bytes] | None = None) -> None:
+        """The store steps and the namespace move, under the locks of the renamed inode
+        and of the one it replaces (a publish of either finishes first), taken in inode
+        order so two crossing renames cannot deadlock."""
+        inos = sorted({inode.ino} | ({target.ino} if target is not None else set()))
+        async with AsyncExitStack() as locks:
+            for ino in inos:
+                await locks.enter_async_context(self._rt(ino).lock)
+            inode = self.ns.get(inode.ino)
+            old = old or (inode.parent, inode.name)
+            if not inode.parent or self.ns.lookup(*old) != inode.ino:
+                raise FsError.enoent("removed while renaming")
+            old_dir = self.ns.get(old[0])
+            old_key = entry_key(old_dir.dir_id, old[1])
+            new_key = entry_key(new_dir.dir_id, new_name)
+            target_remote = target is not None and target.published and \
+                not target.links_pending
+            if inode.published and not inode.links_pending:
+                await self._move_entry(inode, old_key, new_key, seals)
+            elif target_remote:
+                await self._store(self.store.delete, new_key)
+            if target_remote and target.link_id:
+                # The replaced name was one link of a shared inode: count it out.
+                await self._change_nlink(self.ns.get(target.ino), -1)
+            inode.staged = inode.staged and not seals  # a rename seals a staged directory
+            target_ino = self.ns.lookup(new_parent, new_name)
+            if target_ino is not None and target_ino != inode.ino:
+                replaced = self.ns.get(target_ino)
+                self.ns.unlink(replaced, new_parent, new_name)
+                if not replaced.parent and not self._is_open(replaced.ino):
+                    self._delete_inode(replaced)
+            self.ns.move(inode, new_parent, new_name, old=old)
+            self._mark_parent_changed(old_dir)
+            if new_parent != old_dir.ino:
+                self._mark_parent_changed(self.ns.get(new_parent))
+        if target is not None:
+            self._drop_rt(target.ino)
+
+    async def _move_entry(self, inode: Inode, old_key: str, new_key: str,
+                          seals: bool = True) -> None:
+        """Move a published entry between keys, safe against other nodes (decision
+        0003): read the entry as the store has it, *claim* it with a compare-and-swap on
+        its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
+        under the new key, then delete the old key only if it is still our claim (a
+        newer version another node wrote there meanwhile stays)."""
+        claim_etag = await self._claim(inode, old_key, new_key)
+        moved = self._entry_of(inode)
+        moved.staged = moved.staged and not seals
+        body = moved.to_json()
+        # Journal the rest: a crash from here on is finished on restart, so a reader may
+        # briefly see both names, never neither.
+        seq = self.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
+                                   "delete": old_key, "claim": claim_etag})
+        await self._sync_journal()
+        try:
+            new_etag = await self._store(self.store.put, new_key, body)
+        except BaseException:
+            self.ns.journal_done(seq)  # the claim expires; the old name stays valid
+            raise
+        await self._delete_claimed(old_key, claim_etag)
+        self.ns.journal_done(seq)
+        if not inode.link_id:   # a linked inode's ETag is its inode object's
+            inode.remote_etag = new_etag
+
+    async def _claim(self, inode: Inode, old_key: str, new_key: str) -> str:
+        """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
+        version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
+        claim's ETag."""
+        for _ in range(8):
+            entry, etag = await self._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            if not inode.link_id:
+                self._adopt_newer(inode, entry, etag)
+            claim = self._entry_of(inode)
+            claim.moving_to, claim.moving_at = new_key, time.time()
+            try:
+                return await self._store(
+                    functools.partial(self.store.put, old_key, claim.to_json(),
+                                      if_match=etag))
+            except PreconditionFailed:
+                continue  # changed under us: read it again
+        raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
+
+    async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
+        try:
+            await self._store(functools.partial(self.store.delete, old_key,
+                                                if_match=claim_etag))
+        except PreconditionFailed:
+            log.info("%s was written again by another node during a rename: that newer "
+                     "version stays under the old name", old_key)

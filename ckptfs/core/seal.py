@@ -1,0 +1,206 @@
+"""Seals: marks and pointers that seal a staged directory, pointer hold-back, waiting for
+the uploads below, the seal itself (sync) or its record (async)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import time
+
+import trio
+
+from ..errors import FsError
+from ..namespace import ROOT_INO, Inode
+
+log = logging.getLogger(__name__)
+
+
+class Seal:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # A pointer file (`latest`, a Ray snapshot, ...) naming a checkpoint directory whose
+    # seal is still pending (another node's writers hold leases on it) is held back: a
+    # loader that follows the pointer by name must not reach an incomplete checkpoint.
+    # It publishes (in the background) once every directory it names is sealed or gone.
+
+    def _hold_pointer(self, inode: Inode) -> None:
+        targets = {t for t in self._seal_targets(inode) if t != inode.parent}
+        if targets:
+            self._held_pointers[inode.ino] = targets
+            self._persist_held_pointers()
+
+    def _release_pointers(self) -> None:
+        released = []
+        for ptr, targets in list(self._held_pointers.items()):
+            for t in list(targets):
+                target = self.ns.maybe_get(t)
+                if target is None or not target.parent or not target.staged:
+                    targets.discard(t)
+            if not targets:
+                del self._held_pointers[ptr]
+                released.append(ptr)
+        if not released:
+            return
+        self._persist_held_pointers()
+        for ptr in released:
+            inode = self.ns.maybe_get(ptr)
+            if inode is not None and inode.dirty and inode.parent:
+                self._journal_publish(inode)
+
+    def _persist_held_pointers(self) -> None:
+        self.ns.meta_put("held_pointers", json.dumps(
+            {str(k): sorted(v) for k, v in self._held_pointers.items()}))
+
+    def _restore_held_pointers(self) -> None:
+        raw = self.ns.meta_get("held_pointers")
+        if raw:
+            self._held_pointers = {int(k): set(v) for k, v in json.loads(raw).items()}
+
+    # ------------------------------------------------------------------ sealing
+
+    def _seals_after_close(self, inode: Inode, wait: bool):
+        """Seal what a closed completion mark or pointer file completes.  With ``wait``
+        returns an awaitable that seals now; otherwise seals in the background once the
+        pending publishes below the directory are done (async durability)."""
+        unknown: list[bytes] = []
+        targets = self._seal_targets(inode, unknown)
+        for name in unknown:
+            # Made by another node since this one listed the parent (a Ray worker's
+            # checkpoint, recorded by the controller here): look, then seal.
+            self.nursery.start_soon(self._seal_pointed_later, inode.parent, name)
+        if wait:
+            async def seal_all() -> None:
+                for ino in targets:
+                    await self.seal(ino)
+            return seal_all()
+        for ino in targets:
+            self.nursery.start_soon(self._seal_in_background, ino)
+        return None
+
+    def _seal_targets(self, inode: Inode, unknown: list[bytes] | None = None) -> list[int]:
+        """Staged directories a closed mark or pointer seals; names a pointer gives that
+        this node does not know go to ``unknown``."""
+        if inode.type != "file" or not inode.parent:
+            return []
+        profiles = self.config.profiles
+        parent = self.ns.get(inode.parent)
+        targets = []
+        if parent.staged and profiles.is_mark_for(parent.name, inode.name):
+            targets.append(parent.ino)
+        limit = profiles.pointer_size_limit(inode.name)   # 0: not a pointer
+        if limit and inode.size <= limit:
+            try:
+                with open(self.staging.path(inode.ino, inode.ver), "rb") as f:
+                    content = f.read(limit)
+            except (OSError, FsError):
+                content = b""
+            for name in profiles.pointed_names(inode.name, content):
+                ino = self.ns.lookup(parent.ino, name)
+                if ino is None:
+                    if unknown is not None:
+                        unknown.append(name)
+                elif self.ns.get(ino).staged:
+                    targets.append(ino)
+        return targets
+
+    async def _seal_pointed_later(self, parent: int, name: bytes) -> None:
+        try:
+            await self.refresh_dir(parent, force=True)
+        except FsError as exc:
+            log.warning("pointer names %r: listing its directory failed (%s)", name, exc)
+            return
+        ino = self.ns.lookup(parent, name)
+        if ino is not None and self.ns.get(ino).staged:
+            await self._seal_in_background(ino)
+
+    def _pending_under(self, dir_ino: int, inos=None) -> bool:
+        for ino in self.queue.queued if inos is None else inos:
+            cur = self.ns.maybe_get(ino)
+            while cur is not None and cur.parent and cur.ino != ROOT_INO:
+                if cur.parent == dir_ino:
+                    return True
+                cur = self.ns.maybe_get(cur.parent)
+        return False
+
+    async def _wait_uploads_under(self, dir_ino: int) -> None:
+        """Until every closed file below a directory is in the store (a sealed or
+        renamed tree appears complete).  An upload that failed for good below it makes
+        the tree incomplete for good: EIO, never a wait without end."""
+        while True:
+            if self._pending_under(dir_ino, list(self.queue.failed)):
+                raise FsError(errno.EIO, "a file below failed to upload for good (see "
+                                         "`ckptfs status`): the tree is incomplete")
+            if not self._pending_under(dir_ino, self.queue.active()):
+                return
+            await trio.sleep(0.05)
+
+    async def _seal_in_background(self, ino: int) -> None:
+        for attempt in range(10):
+            try:
+                await self.seal(ino)
+                return
+            except Exception as exc:  # a background task must never take the daemon down
+                if isinstance(exc, FsError) and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return  # the directory is gone or replaced: nothing left to seal
+                log.warning("sealing inode %d failed (%s); retrying", ino, exc)
+                await trio.sleep(min(30, 2 ** attempt))
+        log.error("gave up sealing inode %d; `ckptfs commit` seals it by hand", ino)
+
+    async def seal(self, ino: int) -> bool:
+        """Make a staged directory visible: after everything closed below it is in the
+        store, rewrite its entry with ``staged: false`` (one PUT).  Idempotent."""
+        started = time.monotonic()
+        inode = self.ns.get(ino)
+        if inode.type != "dir":
+            raise FsError(errno.ENOTDIR)
+        if self._deferred():
+            return await self._seal_later(inode)
+        if not await self.leases.may_seal(ino):
+            return False  # other nodes still write below it: pending (leases.py)
+        await self._wait_uploads_under(ino)
+        rt = self._rt(ino)
+        async with rt.lock:
+            inode = self.ns.get(ino)
+            if not inode.staged or not inode.parent:
+                return False
+            inode.staged, inode.sealed_at = False, time.time()
+            try:
+                await self._rewrite_entry(inode)
+            except BaseException:
+                inode.staged = True
+                self.ns.save(inode)
+                raise
+        self._drop_rt(ino)
+        self._sealed(inode)
+        self.observe("seal", time.monotonic() - started)
+        return True
+
+    async def _seal_for_leases(self, ino: int) -> bool:
+        """A pending seal's retry (leases.py): True only once sealed.  In async mode it
+        journals a seal record and answers False: the pending seal stays until the
+        record finds the way clear and seals (or records it pending again)."""
+        sealed = await self.seal(ino)
+        return sealed and not self._deferred()
+
+    def _sealed(self, inode: Inode) -> None:
+        self._touch_dir(inode.parent)
+        log.info("sealed %s", self._path_for_log(inode))
+        self.after_seal(inode)          # retention (retention.py)
+        self.invalidate(inode.parent)
+        self._release_pointers()
+
+    async def _seal_later(self, inode: Inode) -> bool:
+        """Async mode: journal the seal; the store gets it in log order, after every
+        upload below the directory (``_exec_seal``).  True if a seal is on its way."""
+        if not inode.staged or not inode.parent:
+            return False
+        if self._pending_under(inode.ino, list(self.queue.failed)):
+            raise FsError(errno.EIO, "a file below failed to upload for good (see "
+                                     "`ckptfs status`): the tree is incomplete")
+        if not self.oplog.pending_of("seal", inode.ino):
+            parent = self.ns.get(inode.parent)
+            self.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
+                            "name": inode.name.hex()}, dirs=[inode.parent])
+            await self._sync_journal()
+        return True

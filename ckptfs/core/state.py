@@ -1,0 +1,190 @@
+"""Shared state of the filesystem core: the mount's ``Config``; per-inode runtime state
+(open handles, writers, the per-inode lock and its drop rule, write sessions and their
+versions); handles; directory change marks; the small helpers every concern uses.
+Must not know the store or FUSE."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from ..errors import FsError
+from ..namespace import Inode
+from ..procstat import Opener
+from ..profiles import Profiles
+from ..publisher import ChunkTracker
+
+log = logging.getLogger(__name__)
+
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+MAX_STAGED_FRACTION = 0.5     # default --max-staged: this much of the free state space
+
+
+class DirMarks:
+    """What refresh checks before applying a listing (its apply phase has no await, the
+    listing and fetches before it do): a directory's local *change count*, bumped by
+    every local change, and its *busy* count, held while a rename's store steps are
+    under way (a listing taken meanwhile would see a name gone and forget it)."""
+
+    def __init__(self) -> None:
+        self._changes: dict[int, int] = {}
+        self._busy: dict[int, int] = {}
+
+    def touch(self, ino: int) -> None:
+        self._changes[ino] = self._changes.get(ino, 0) + 1
+
+    def changes(self, ino: int) -> int:
+        return self._changes.get(ino, 0)
+
+    def is_busy(self, ino: int) -> bool:
+        return ino in self._busy
+
+    @contextmanager
+    def busy(self, dirs: set[int]):
+        """Mark ``dirs`` busy for the block; they count as changed afterwards."""
+        for d in dirs:
+            self._busy[d] = self._busy.get(d, 0) + 1
+        try:
+            yield
+        finally:
+            for d in dirs:
+                self._busy[d] -= 1
+                if not self._busy[d]:
+                    del self._busy[d]
+                self.touch(d)
+
+
+@dataclass
+class Config:
+    durability: str = "sync"
+    chunk_size: int = 8 << 20
+    metadata_ttl: float = 1.0
+    cache_size: int = 8 << 30
+    upload_concurrency: int = 8
+    fetch_concurrency: int = 8
+    readahead_chunks: int = 8          # window for a sequential reader
+    profiles: Profiles = field(default_factory=Profiles)
+    gc_grace: float = 24 * 3600.0
+    gc_settle: float = 600.0           # the store's (ckptfs.json), decision 0003
+    readahead_kb: int = 1024           # kernel read-ahead of the mount's device
+    writeback_cache: bool = False      # kernel write-back caching (experimental)
+    rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
+    stale_wait: float = 2.0            # a slow listing is answered from local metadata
+    # Formats whose structure is checked before a close publishes (formats.FORMATS).
+    checkpoint_formats: tuple[str, ...] = ("torch", "safetensors", "npy", "pickle")
+    lease_ttl: float = 30.0            # cluster seal leases (docs/decisions/0004)
+    stale_staged_after: float = 600.0  # report a staged dir nobody writes or seals (stale.py)
+    store_timeout: float = 60.0        # overall bound of one store call (store.RetryPolicy)
+    stop_timeout: float = 600.0        # unmount/SIGTERM: wait this long for uploads
+    max_staged: int | None = None      # async: closed, unuploaded bytes before writers wait
+
+
+@dataclass
+class Session:
+    """A write session: the working version every writable handle of an inode on this
+    node writes into, from the first writable open until a close that meant it
+    (``flush``) makes it the inode's closed version, or until it is abandoned."""
+
+    ver: int
+    tracker: ChunkTracker
+    handles: set[int] = field(default_factory=set)
+    wrote: bool = False     # anything to publish (a write, O_TRUNC, a create)
+    failed: int = 0         # errno of a failed write: this session never publishes
+
+
+@dataclass
+class Handle:
+    fh: int
+    ino: int
+    opener: Opener
+    writable: bool
+    wrote: bool = False
+    failed: int = 0        # errno of a failed write: this handle never publishes
+    read_end: int = 0      # where the last read ended (sequential detection)
+    sequential: int = 0    # consecutive sequential reads
+    session: Session | None = None          # writable handles: the session they joined
+    # What a read-only handle reads until it closes (promise: a reader keeps the version
+    # it opened): ("live",) the working/current content on this node; ("staging", ver)
+    # a closed local version; ("chunks", chunks, size) a published version.
+    snapshot: tuple = ("live",)
+
+
+@dataclass
+class Runtime:
+    """In-memory state of an inode that is open or being published."""
+
+    handles: set[int] = field(default_factory=set)
+    writers: int = 0
+    lock: trio.Lock = field(default_factory=trio.Lock)        # entry writes of the inode
+    session_lock: trio.Lock = field(default_factory=trio.Lock)
+    session: Session | None = None
+    trackers: dict[int, ChunkTracker] = field(default_factory=dict)   # closed ver -> chunks sent
+    refs: dict[int, int] = field(default_factory=dict)        # staging ver -> users
+    page_version: object = None     # the version the kernel page cache may hold
+
+
+class InodeState:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # ------------------------------------------------------------------ helpers
+
+    def _rt(self, ino: int) -> Runtime:
+        rt = self.runtime.get(ino)
+        if rt is None:
+            rt = self.runtime[ino] = Runtime()
+        return rt
+
+    def _locked(self, ino: int) -> bool:
+        rt = self.runtime.get(ino)
+        return bool(rt and rt.lock.locked())
+
+    def _is_open(self, ino: int) -> bool:
+        rt = self.runtime.get(ino)
+        return bool(rt and rt.handles)
+
+    def _writers(self, ino: int) -> int:
+        rt = self.runtime.get(ino)
+        return rt.writers if rt else 0
+
+    def _drop_rt(self, ino: int) -> None:
+        rt = self.runtime.get(ino)
+        if rt and not rt.handles and not rt.lock.locked() and not rt.refs \
+                and rt.session is None and not rt.session_lock.locked() and not rt.trackers:
+            del self.runtime[ino]
+
+    def _touch_dir(self, ino: int) -> None:
+        self.dir_marks.touch(ino)
+
+    def _dir(self, ino: int) -> Inode:
+        inode = self.ns.get(ino)
+        if inode.type != "dir":
+            raise FsError(errno.ENOTDIR)
+        return inode
+
+    def nlink(self, inode: Inode) -> int:
+        """st_nlink: a directory has 2 + its subdirectories; anything else its names."""
+        if inode.type == "dir":
+            return 2 + self.ns.subdirs(inode.ino)
+        return inode.nlink
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self.handles.get(fh)
+        if handle is None:
+            raise FsError(errno.EBADF)
+        return handle
+
+    async def _sync_journal(self) -> None:
+        """Make the journal durable against a power cut (fsync of LMDB, in a thread)."""
+        await trio.to_thread.run_sync(self.ns.sync)
+
+    def _path_for_log(self, inode: Inode) -> str:
+        try:
+            return self.ns.path_of(inode.ino).decode(errors="replace")
+        except FsError:
+            return f"<inode {inode.ino}>"

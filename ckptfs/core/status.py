@@ -1,0 +1,91 @@
+"""Status and prefetch helpers: resolving paths, pending work, per-inode state, counters."""
+
+from __future__ import annotations
+
+import logging
+
+
+from ..namespace import ROOT_INO, Inode
+
+log = logging.getLogger(__name__)
+
+
+class Status:
+    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+
+    # ------------------------------------------------------------------ prefetch
+
+    async def resolve(self, relative: bytes) -> Inode:
+        inode = self.ns.get(ROOT_INO)
+        for part in relative.split(b"/"):
+            if part in (b"", b"."):
+                continue
+            inode = await self.lookup(inode.ino, part)
+        return inode
+
+    async def files_under(self, inode: Inode, prefix: bytes = b"") -> list[tuple[bytes, Inode]]:
+        """Every file below ``inode`` (a walk without recursion: a deep or hostile tree
+        cannot exhaust the stack; each directory id is visited once)."""
+        out: list[tuple[bytes, Inode]] = []
+        stack = [(prefix, inode)]
+        seen: set[str] = set()
+        while stack:
+            path, node = stack.pop()
+            if node.type == "file":
+                out.append((path, node))
+            elif node.type == "dir" and node.dir_id not in seen:
+                seen.add(node.dir_id)
+                for name, child in reversed(await self.listdir(node.ino)):
+                    stack.append((path + b"/" + name if path else name, child))
+        return out
+
+    # ------------------------------------------------------------------ status
+
+    def pending_uploads(self) -> int:
+        """Closed files not yet in the store (pointers held for their checkpoint too),
+        and metadata changes on their way (async mode)."""
+        return len(self.queue.queued | set(self._held_pointers)) + len(self.oplog.pending)
+
+    def unfinished(self) -> int:
+        """Work still to reach the store that is not failed for good."""
+        return len(self.queue.active()) + len(self.oplog.pending)
+
+    async def wait_idle(self) -> None:
+        while self.unfinished():
+            await self.queue.wait_idle()
+            await self.oplog.wait_idle()
+
+    def is_writing(self, ino: int) -> bool:
+        """An open writer, or a pending upload, for this inode on this node."""
+        return bool(self._writers(ino)) or ino in self.queue.queued
+
+    def state_of(self, ino: int) -> str:
+        inode = self.ns.get(ino)
+        if inode.ino in self.queue.queued:
+            return "uploading"
+        rt = self.runtime.get(ino)
+        if inode.dirty or (rt is not None and rt.session is not None):
+            return "staged"
+        if inode.type == "file" and not inode.local_copy and inode.chunks and \
+                all(self.cache.has(sha) for sha, _ in inode.chunks):
+            return "cached"
+        if inode.type == "file" and not inode.local_copy and inode.chunks:
+            return "remote"
+        return "published"
+
+    def stats(self) -> dict:
+        up = self.uploader.stats
+        return {"pending_uploads": self.pending_uploads(),
+                "failing_uploads": dict(self.queue.failing),
+                "pending_metadata": len(self.oplog.pending),
+                "staged_bytes": self.staged_bytes(), "max_staged": self.max_staged,
+                "writers_waiting_for_uploads": self.writers_waiting,
+                "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
+                "chunks_uploaded": up.chunks_uploaded,
+                "chunks_deduplicated": up.chunks_deduplicated,
+                "bytes_uploaded": up.bytes_uploaded,
+                "bytes_deduplicated": up.bytes_deduplicated,
+                "publishes": up.publishes, "publish_failures": up.publish_failures,
+                "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
+                "open_handles": len(self.handles), "write_requests": self.write_requests,
+                "read_requests": self.read_requests}
