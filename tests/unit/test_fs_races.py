@@ -1,50 +1,33 @@
-"""Races across await points in the core, driven directly with a store whose calls are
-slowed down (a delaying wrapper around the ObjectStore protocol).  Found by review;
-each test failed before its fix."""
+"""Races across await points in the core, driven directly over the in-memory store:
+a test holds one store call inside its window with a *gate* (``MemoryStore.gate``) and
+waits for the call to arrive there, so it always enters the window it names (never a
+sleep that may miss it on a slow machine).  Found by review; each test failed before its
+fix."""
 
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import trio
 
+from ckptfs.cache import ChunkCache
 from ckptfs.core import Config, Filesystem
 from ckptfs.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
 from ckptfs.remote import Entry, chunk_key, entry_key
-from ckptfs.cache import ChunkCache
 from ckptfs.staging import Staging
-from ckptfs.store import LocalStore
+from ckptfs.store import MemoryStore
 
 CS = 64 << 10
 
 
-class SlowStore:
-    """LocalStore whose chunk PUTs sleep, with optional hooks around entry PUT/DELETE."""
-
-    def __init__(self, inner: LocalStore, chunk_delay: float = 0.3) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.chunk_delay = chunk_delay
-        self.before_put = None
-        self.after_delete = None
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def put(self, key, data, sha256=None, *, if_match=None):
-        if key.startswith("chunks/"):
-            time.sleep(self.chunk_delay)
-        if self.before_put:
-            self.before_put(key)
-        return self.inner.put(key, data, sha256, if_match=if_match)
-
-    def delete(self, key, if_match=None):
-        self.inner.delete(key, if_match)
-        if self.after_delete:
-            self.after_delete(key)
+async def reached(gate, count: int = 1) -> None:
+    """Until ``count`` calls are held at ``gate`` (the store calls arrive from threads)."""
+    with trio.fail_after(30):
+        await trio.to_thread.run_sync(gate.wait_reached, 30)
+        while len(gate.calls) < count:
+            await trio.sleep(0.01)
 
 
 def me() -> Opener:
@@ -53,8 +36,7 @@ def me() -> Opener:
 
 def run(tmp_path: Path, body, **cfg) -> None:
     async def main():
-        (tmp_path / "store").mkdir()
-        store = SlowStore(LocalStore(tmp_path / "store"))
+        store = MemoryStore()
         ns = Namespace(tmp_path / "meta")
         staging = Staging(tmp_path / "staging", tmp_path / "abandoned")
         cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
@@ -71,10 +53,10 @@ def run(tmp_path: Path, body, **cfg) -> None:
     trio.run(main)
 
 
-def stored(fs: Filesystem, parent_dir_id: str, name: bytes) -> bytes:
-    body, _ = fs.store.inner.get(entry_key(parent_dir_id, name))
+def stored(store: MemoryStore, parent_dir_id: str, name: bytes) -> bytes:
+    body, _ = store.get(entry_key(parent_dir_id, name))
     entry = Entry.from_json(body)
-    return b"".join(fs.store.inner.get(chunk_key(sha))[0] for sha, _ in entry.chunks)
+    return b"".join(store.get(chunk_key(sha))[0] for sha, _ in entry.chunks)
 
 
 async def write_file(fs, ino, data, trunc=True):
@@ -86,20 +68,21 @@ async def write_file(fs, ino, data, trunc=True):
 
 def test_rewrite_during_background_publish_ends_with_the_new_version(tmp_path):
     async def body(fs, store):
+        gate = store.gate("put", prefix="chunks/")     # V1's first chunk upload waits
         h, inode = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me())
         await fs.write(h.fh, 0, b"A" * (3 * CS + 100))
-        await trio.sleep(0.2)
         await fs.flush(h.fh)
         await fs.release(h.fh)
-        await trio.sleep(0.1)                      # V1's upload is in flight
+        await reached(gate)                            # V1's upload is in flight
         r = await fs.open(inode.ino, os.O_RDONLY, me())   # a reader comes and goes
         await fs.release(r.fh)
         await write_file(fs, inode.ino, b"B" * (3 * CS + 100))
-        await fs.queue.wait_idle()
+        gate.release()
+        await fs.wait_idle()
         final = fs.ns.get(inode.ino)
         assert not final.dirty and not fs.queue.queued and fs.ns.journal() == [] \
             and fs.ns.publish_pending() == {}
-        assert stored(fs, "root", b"f") == b"B" * (3 * CS + 100)
+        assert stored(store, "root", b"f") == b"B" * (3 * CS + 100)
 
     run(tmp_path, body, durability="async", chunk_size=CS, upload_concurrency=4)
 
@@ -115,13 +98,14 @@ def test_refresh_during_rename_keeps_the_renamed_file_and_tree(tmp_path):
         await fs.write(h.fh, 0, b"child")
         await fs.flush(h.fh)
         await fs.release(h.fh)
-        store.after_delete = lambda key: time.sleep(0.3)
+        # Both renames stop before deleting their old keys: the store lists both names.
+        gate = store.gate("delete", prefix="dirs/root/", times=2)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fs.rename, ROOT_INO, b"a", ROOT_INO, b"b", 0)
             nursery.start_soon(fs.rename, ROOT_INO, b"d", ROOT_INO, b"e", 0)
-            await trio.sleep(0.15)
+            await reached(gate, 2)
             await fs.refresh_dir(ROOT_INO, force=True)
-        store.after_delete = None
+            gate.release()
         b = await fs.lookup(ROOT_INO, b"b")
         r = await fs.open(b.ino, os.O_RDONLY, me())
         assert await fs.read(r.fh, 0, 10) == b"hello"
@@ -137,19 +121,22 @@ def test_refresh_during_rename_keeps_the_renamed_file_and_tree(tmp_path):
 
 def test_unlink_during_entry_put_does_not_resurrect(tmp_path):
     async def body(fs, store):
-        store.chunk_delay = 0
-        store.before_put = lambda key: time.sleep(0.3) if key.startswith("dirs/") else None
-        h, _ = await fs.create(ROOT_INO, b"tmpfile", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
-                               me())
+        gate = store.gate("put", prefix="dirs/root/tmpfile")
+        h, inode = await fs.create(ROOT_INO, b"tmpfile", 0o644, os.O_WRONLY | os.O_CREAT, 0,
+                                   0, me())
         await fs.write(h.fh, 0, b"scratch")
         await fs.flush(h.fh)
         await fs.release(h.fh)
-        await trio.sleep(0.15)                     # the entry PUT is in flight
-        await fs.unlink(ROOT_INO, b"tmpfile")
-        await fs.queue.wait_idle()
-        await trio.sleep(0.4)
-        store.before_put = None
-        assert [o.key for o in store.inner.list("dirs/")] == []
+        await reached(gate)                        # the entry PUT is in flight
+        lock = fs.runtime[inode.ino].lock          # held by that publish
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.unlink, ROOT_INO, b"tmpfile")
+            with trio.fail_after(30):
+                while not lock.statistics().tasks_waiting:
+                    await trio.sleep(0.01)         # the unlink waits for the PUT...
+            gate.release()                         # ...which lands first
+        await fs.wait_idle()
+        assert [o.key for o in store.list("dirs/")] == []
         await fs.refresh_dir(ROOT_INO, force=True)
         assert fs.ns.lookup(ROOT_INO, b"tmpfile") is None
 
@@ -170,6 +157,6 @@ def test_killed_process_that_never_wrote_does_not_abandon_a_closed_version(tmp_p
         await fs.flush(other.fh)
         await fs.release(other.fh)
         await fs.queue.wait_idle()
-        assert stored(fs, "root", b"ckpt") == b"V1-closed-cleanly"
+        assert stored(store, "root", b"ckpt") == b"V1-closed-cleanly"
 
     run(tmp_path, body, durability="async", chunk_size=CS)
