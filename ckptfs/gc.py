@@ -72,6 +72,7 @@ class _Run:
     report: GcReport
     pool: ThreadPoolExecutor
     bodies: dict[str, tuple[str, Entry | None]] = field(default_factory=dict)  # key -> (etag, entry)
+    live_dirs: set[str] = field(default_factory=set)   # directory ids the walk reached
 
     def fetch(self, key: str) -> tuple[str, Entry | None]:
         """Read and parse one entry; a bad one is recorded (by key) and is None."""
@@ -168,7 +169,7 @@ def _walk_staged(run: _Run, cutoff: float,
             if entry.type == "dir" and entry.id and entry.id not in seen:
                 seen.add(entry.id)
                 queue.append((entry.id, child_path))
-    run.live_dirs = seen  # type: ignore[attr-defined]
+    run.live_dirs = seen
     return old_staged
 
 
@@ -234,138 +235,214 @@ def collect(store: ObjectStore, grace: float, dry_run: bool, settle: float,
         wait = lambda phase, seconds: time.sleep(seconds)  # noqa: E731
     with ThreadPoolExecutor(workers) as pool:
         run = _Run(store, report, pool)
-        _collect(run, grace, dry_run, settle, progress, wait, clock)
+        _Pass(run, grace, dry_run, settle, progress, wait, clock).run()
     return report
 
 
-def _collect(run: _Run, grace: float, dry_run: bool, settle: float,
-             progress: Callable[[str], None], wait: Callable[[str, float], None],
-             clock: Callable[[], float]) -> None:
-    store, report = run.store, run.report
-    now = time.time() if dry_run else store_now(store)
-    cutoff = now - grace
-    state, etag = _read_state(store)
-    settle = max(settle, state.settle)
-    if state.running and not dry_run:
-        age = now - _state_mtime(store)
-        if age <= state.lease + state.settle:
-            raise GcConflict(f"gc pass {state.generation} is {state.phase} (since "
-                             f"{age:.0f}s); try again later")
-        log.warning("gc pass %d was %s and outlived its lease: taking over",
-                    state.generation, state.phase)
-    generation = state.generation + 1
-    report.generation = generation
-    owner = uuid.uuid4().hex
-    candidates_set_key = state.candidates if state.running else state.next
-    candidates = read_candidates(store, candidates_set_key) if candidates_set_key else \
-        frozenset()
-    history = [*state.history, (generation, candidates_set_key)][-HISTORY:]
+@dataclass
+class _Pass:
+    """One gc pass, phase by phase in the order of decision 0003 (the numbers in the
+    method docstrings are its steps).  Between phases it keeps what a later one needs:
+    the state's ETag (every write is a compare and swap on the last one), the candidates,
+    the marking announcement's times, the mark and what was deleted."""
+    ctx: _Run
+    grace: float
+    dry_run: bool
+    settle: float
+    progress: Callable[[str], None]
+    wait: Callable[[str, float], None]
+    clock: Callable[[], float]
+    # Filled by start():
+    now: float = 0.0
+    cutoff: float = 0.0
+    state: GcState = field(default_factory=lambda: GcState(settle=0.0))
+    etag: str | None = None
+    generation: int = 0
+    owner: str = ""
+    candidates_set_key: str | None = None
+    candidates: frozenset[str] = frozenset()
+    history: list[tuple[int, str | None]] = field(default_factory=list)
+    # Filled by the later phases:
+    marking_at: float = 0.0
+    announced_at: float = 0.0      # LastModified of the marking announcement
+    referenced: set[str] = field(default_factory=set)
+    listed_chunks: list | None = None
+    deleted: set[str] = field(default_factory=set)
 
-    # 1. Staged trees.
-    old_staged = _walk_staged(run, cutoff, progress)
-    live = run.live_dirs  # type: ignore[attr-defined]
-    for key, dir_id, path in old_staged:
-        report.staged_trees.append(path)
-        _delete_tree(run, key, dir_id, live, dry_run)
-    # Leases nobody renewed within the grace period: their node died, or their tree was
-    # just reclaimed above (a live writer renews every lease_ttl / 3).
-    for obj in list(store.list(LEASE_ROOT)):
-        if obj.mtime <= cutoff:
-            if not dry_run:
-                store.delete(obj.key)
-            report.leases_deleted += 1
+    @property
+    def store(self) -> ObjectStore:
+        return self.ctx.store
 
-    # 2. Announce the pass to writers (only if it may delete something).
-    marking_at = clock()
-    announced_at = 0.0   # LastModified of the marking announcement
-    if candidates and not dry_run:
-        etag, announced_at, marking_at = _write_state(store, GcState(
-            generation=generation, phase=MARKING, candidates=candidates_set_key,
-            history=state.history, settle=settle, owner=owner, lease=MARK_DEADLINE + 3 * settle), etag,
-            clock)
-        progress(f"pass {generation}: marking, {len(candidates)} candidate chunk(s)")
-        wait(MARKING, settle)
-        report.waited += settle
+    @property
+    def report(self) -> GcReport:
+        return self.ctx.report
 
-    # 3. Mark.
-    referenced = _mark(run)
-    listed_chunks = None
-    deleted: set[str] = set()
-
-    def finish(next_key: str | None) -> None:
-        if dry_run:
+    def run(self) -> None:
+        self.start()
+        self.reclaim_staged()
+        self.reclaim_leases()
+        self.announce_marking()
+        self.mark()
+        if self.stop_on_bad_entries():
             return
-        _write_state(store, GcState(generation=generation, phase=IDLE, next=next_key,
-                                    history=history, settle=settle, owner=owner), etag,
-                     clock)
-        _prune_sets(store, history, next_key)
+        doomed = {c for c in self.candidates if c not in self.referenced}
+        if doomed and not self.dry_run:
+            if self.stop_on_mark_deadline():
+                return
+            self.delete(doomed)
+        if self.listed_chunks is None:
+            self.listed_chunks = list(self.store.list("chunks/"))
+        self.finish(self.condemn())
 
-    if report.bad_entries:
-        report.stopped = (f"{len(report.bad_entries)} entr{'y' if len(report.bad_entries) == 1 else 'ies'}"
+    def start(self) -> None:
+        """Read the state; refuse to run beside a live pass, take over a dead one."""
+        store = self.store
+        self.now = time.time() if self.dry_run else store_now(store)
+        self.cutoff = self.now - self.grace
+        state, self.etag = _read_state(store)
+        self.state = state
+        self.settle = max(self.settle, state.settle)
+        if state.running and not self.dry_run:
+            age = self.now - _state_mtime(store)
+            if age <= state.lease + state.settle:
+                raise GcConflict(f"gc pass {state.generation} is {state.phase} (since "
+                                 f"{age:.0f}s); try again later")
+            log.warning("gc pass %d was %s and outlived its lease: taking over",
+                        state.generation, state.phase)
+        self.generation = state.generation + 1
+        self.report.generation = self.generation
+        self.owner = uuid.uuid4().hex
+        self.candidates_set_key = state.candidates if state.running else state.next
+        self.candidates = read_candidates(store, self.candidates_set_key) \
+            if self.candidates_set_key else frozenset()
+        self.history = [*state.history,
+                        (self.generation, self.candidates_set_key)][-HISTORY:]
+
+    def reclaim_staged(self) -> None:
+        """1. Staged trees older than the grace period."""
+        old_staged = _walk_staged(self.ctx, self.cutoff, self.progress)
+        live = self.ctx.live_dirs
+        for key, dir_id, path in old_staged:
+            self.report.staged_trees.append(path)
+            _delete_tree(self.ctx, key, dir_id, live, self.dry_run)
+
+    def reclaim_leases(self) -> None:
+        """1. (end) Leases nobody renewed within the grace period: their node died, or
+        their tree was just reclaimed (a live writer renews every lease_ttl / 3)."""
+        for obj in list(self.store.list(LEASE_ROOT)):
+            if obj.mtime <= self.cutoff:
+                if not self.dry_run:
+                    self.store.delete(obj.key)
+                self.report.leases_deleted += 1
+
+    def announce_marking(self) -> None:
+        """2. Announce the pass to writers (only if it may delete something)."""
+        self.marking_at = self.clock()
+        self.announced_at = 0.0
+        if not self.candidates or self.dry_run:
+            return
+        self.etag, self.announced_at, self.marking_at = _write_state(
+            self.store, GcState(
+                generation=self.generation, phase=MARKING,
+                candidates=self.candidates_set_key, history=self.state.history,
+                settle=self.settle, owner=self.owner,
+                lease=MARK_DEADLINE + 3 * self.settle),
+            self.etag, self.clock)
+        self.progress(f"pass {self.generation}: marking, {len(self.candidates)} "
+                      "candidate chunk(s)")
+        self.wait(MARKING, self.settle)
+        self.report.waited += self.settle
+
+    def mark(self) -> None:
+        """3. Mark."""
+        self.referenced = _mark(self.ctx)
+
+    def stop_on_bad_entries(self) -> bool:
+        """3. (end) An entry gc cannot parse stops the pass: no chunk deleted."""
+        report = self.report
+        if not report.bad_entries:
+            return False
+        n = len(report.bad_entries)
+        report.stopped = (f"{n} entr{'y' if n == 1 else 'ies'}"
                           f" could not be parsed (first: {report.bad_entries[0]}); "
                           "no chunk deleted")
         log.error("gc: %s", report.stopped)
-        finish(candidates_set_key)   # condemned stay condemned; nothing new condemned
-        return
-    doomed = {c for c in candidates if c not in referenced}
+        self.finish(self.candidates_set_key)  # condemned stay condemned; nothing new
+        return True
 
-    # 4. Delete.
-    if doomed and not dry_run:
-        if clock() - marking_at > MARK_DEADLINE:
-            report.stopped = "marking took longer than its deadline; no chunk deleted"
-            log.error("gc: %s", report.stopped)
-            finish(candidates_set_key)
-            return
-        etag, _, deleting_at = _write_state(store, GcState(
-            generation=generation, phase=DELETING, candidates=candidates_set_key,
-            history=state.history, settle=settle, owner=owner, lease=2 * settle), etag, clock)
-        progress(f"pass {generation}: deleting up to {len(doomed)} chunk(s)")
-        wait(DELETING, settle)
+    def stop_on_mark_deadline(self) -> bool:
+        """4. (start) A pass that marked for longer than its deadline deletes nothing."""
+        if self.clock() - self.marking_at <= MARK_DEADLINE:
+            return False
+        self.report.stopped = "marking took longer than its deadline; no chunk deleted"
+        log.error("gc: %s", self.report.stopped)
+        self.finish(self.candidates_set_key)
+        return True
+
+    def delete(self, doomed: set[str]) -> None:
+        """4. Announce "deleting", wait, delete inside its lease."""
+        store, report, settle = self.store, self.report, self.settle
+        self.etag, _, deleting_at = _write_state(store, GcState(
+            generation=self.generation, phase=DELETING,
+            candidates=self.candidates_set_key, history=self.state.history,
+            settle=settle, owner=self.owner, lease=2 * settle), self.etag, self.clock)
+        self.progress(f"pass {self.generation}: deleting up to {len(doomed)} chunk(s)")
+        self.wait(DELETING, settle)
         report.waited += settle
-        listed_chunks = list(store.list("chunks/"))
+        self.listed_chunks = list(store.list("chunks/"))
         # Still unreferenced (doomed), not PUT again since the marking announcement, and
         # old enough; deleted only inside the lease announced with "deleting".
-        victims = [o for o in listed_chunks if o.key.rsplit("/", 1)[-1] in doomed
-                   and o.mtime < announced_at - CLOCK_SKEW and o.mtime <= cutoff]
+        victims = [o for o in self.listed_chunks if o.key.rsplit("/", 1)[-1] in doomed
+                   and o.mtime < self.announced_at - CLOCK_SKEW
+                   and o.mtime <= self.cutoff]
 
         def delete(obj):
-            if clock() - deleting_at >= 2 * settle:
+            if self.clock() - deleting_at >= 2 * settle:
                 return None
             store.delete(obj.key)
             return obj
 
-        for obj in run.pool.map(delete, victims):
+        for obj in self.ctx.pool.map(delete, victims):
             if obj is not None:
-                deleted.add(obj.key.rsplit("/", 1)[-1])
+                self.deleted.add(obj.key.rsplit("/", 1)[-1])
                 report.chunks_deleted += 1
                 report.chunk_bytes_deleted += obj.size
-        if len(deleted) < len(victims):
+        if len(self.deleted) < len(victims):
             log.warning("gc: delete window over; %d chunk(s) left for the next pass",
-                        len(victims) - len(deleted))
-    if listed_chunks is None:
-        listed_chunks = list(store.list("chunks/"))
+                        len(victims) - len(self.deleted))
 
-    # 5. Condemn for the next pass.
-    condemned = []
-    for obj in listed_chunks:
-        sha = obj.key.rsplit("/", 1)[-1]
-        if sha in deleted:
-            continue
-        if sha in referenced or obj.mtime > cutoff:
-            report.chunks_kept += 1
-            continue
-        if dry_run and sha in candidates:
-            report.chunks_deleted += 1          # would be deleted by this pass
-            report.chunk_bytes_deleted += obj.size
-            continue
-        condemned.append(sha)
-    report.chunks_condemned = len(condemned)
-    next_key = None
-    if condemned and not dry_run:
-        next_key = candidates_key(generation + 1)
-        store.put(next_key, json.dumps({"generation": generation + 1,
-                                        "chunks": sorted(condemned)}).encode())
-    finish(next_key)
+    def condemn(self) -> str | None:
+        """5. Condemn for the next pass; returns the key of the set written, if any."""
+        report = self.report
+        condemned = []
+        for obj in self.listed_chunks or []:
+            sha = obj.key.rsplit("/", 1)[-1]
+            if sha in self.deleted:
+                continue
+            if sha in self.referenced or obj.mtime > self.cutoff:
+                report.chunks_kept += 1
+                continue
+            if self.dry_run and sha in self.candidates:
+                report.chunks_deleted += 1          # would be deleted by this pass
+                report.chunk_bytes_deleted += obj.size
+                continue
+            condemned.append(sha)
+        report.chunks_condemned = len(condemned)
+        next_key = None
+        if condemned and not self.dry_run:
+            next_key = candidates_key(self.generation + 1)
+            self.store.put(next_key, json.dumps({"generation": self.generation + 1,
+                                                 "chunks": sorted(condemned)}).encode())
+        return next_key
+
+    def finish(self, next_key: str | None) -> None:
+        """5. (end) Announce "idle" with the next pass's candidates; prune old sets."""
+        if self.dry_run:
+            return
+        _write_state(self.store, GcState(
+            generation=self.generation, phase=IDLE, next=next_key, history=self.history,
+            settle=self.settle, owner=self.owner), self.etag, self.clock)
+        _prune_sets(self.store, self.history, next_key)
 
 
 def _state_mtime(store: ObjectStore) -> float:

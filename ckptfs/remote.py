@@ -203,72 +203,26 @@ class Entry:
     def from_json(cls, data: bytes, max_chunk: int = MAX_CHUNK_SIZE) -> "Entry":
         """Parse and validate an entry; unknown fields are ignored (newer writers may
         add some).  Chunks up to ``max_chunk`` bytes are accepted: by default the
-        format's maximum, never this node's own chunk size."""
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadEntry(f"entry is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise BadEntry("entry is not an object")
+        format's maximum, never this node's own chunk size.  The checks run in a fixed
+        order (common fields, rename claim, the type's own fields, nlink, xattrs), so a
+        hostile entry is always refused with the same message."""
+        doc = _json_object(data)
         kind = doc.get("type")
         if kind not in _TYPES:
             raise BadEntry(f"unknown entry type {kind!r}")
-        ints = {}
-        for name in ("mode", "uid", "gid", "mtime_ns", "size"):
-            value = doc.get(name, 0)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise BadEntry(f"bad {name} {value!r}")
-            ints[name] = value
+        ints = {name: _uint_field(doc, name)
+                for name in ("mode", "uid", "gid", "mtime_ns", "size")}
         # Permission and sticky bits only: setuid/setgid from a store are never honoured.
         mode = ints["mode"] & 0o1777
         entry = cls(type=kind, mode=mode, uid=ints["uid"], gid=ints["gid"],
                     mtime_ns=ints["mtime_ns"], size=ints["size"],
                     staged=bool(doc.get("staged", False)))
-        moving_to, moving_at = doc.get("moving_to"), doc.get("moving_at", 0.0)
-        if moving_to is not None:
-            if not isinstance(moving_to, str) or not isinstance(moving_at, (int, float)) \
-                    or isinstance(moving_at, bool):
-                raise BadEntry("bad rename claim")
-            entry.moving_to, entry.moving_at = moving_to, float(moving_at)
-        if kind == "file":
-            chunks = doc.get("chunks")
-            if not isinstance(chunks, list):
-                raise BadEntry("file entry without chunk list")
-            total = 0
-            for item in chunks:
-                if (not isinstance(item, list) or len(item) != 2
-                        or not isinstance(item[0], str) or not _SHA_RE.match(item[0])
-                        or not isinstance(item[1], int) or isinstance(item[1], bool)
-                        or not 0 < item[1] <= max_chunk):
-                    raise BadEntry(f"bad chunk {item!r}")
-                total += item[1]
-                entry.chunks.append((item[0], item[1]))
-            if total != entry.size:
-                raise BadEntry(f"chunks add up to {total}, size says {entry.size}")
-        elif kind == "dir":
-            dir_id = doc.get("id")
-            if not isinstance(dir_id, str) or not _DIR_ID_RE.match(dir_id) or dir_id == ROOT_DIR_ID:
-                raise BadEntry(f"bad directory id {dir_id!r}")
-            entry.id = dir_id
-        elif kind == "symlink":
-            target = doc.get("target")
-            if not isinstance(target, str) or not target or "\0" in target or len(target) > 4096:
-                raise BadEntry("bad symlink target")
-            entry.target = target.encode("utf-8", "surrogateescape")
-        elif kind == "link":
-            link = doc.get("inode")
-            if not isinstance(link, str) or not _LINK_ID_RE.match(link):
-                raise BadEntry(f"bad inode id {link!r}")
-            entry.link = link
-        elif kind in ("chr", "blk"):
-            rdev = doc.get("rdev", 0)
-            if not isinstance(rdev, int) or isinstance(rdev, bool) or not 0 <= rdev <= MAX_RDEV:
-                raise BadEntry(f"bad rdev {rdev!r}")
-            entry.rdev = rdev
+        _read_claim(entry, doc)
+        _read_kind_fields(entry, doc, max_chunk)
         if kind in SPECIAL_TYPES and (entry.size or entry.chunks):
             raise BadEntry(f"a {kind} entry has no content")
         nlink = doc.get("nlink", 1)
-        if not isinstance(nlink, int) or isinstance(nlink, bool) or not 0 <= nlink < 1 << 32:
+        if not _is_int(nlink) or not 0 <= nlink < 1 << 32:
             raise BadEntry(f"bad nlink {nlink!r}")
         entry.nlink = nlink
         sealed_at = doc.get("sealed_at")
@@ -284,6 +238,84 @@ class Entry:
 
 
 _LINK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _is_int(value: object) -> bool:
+    """A JSON integer (``true`` and ``false`` are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_object(data: bytes) -> dict:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadEntry(f"entry is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadEntry("entry is not an object")
+    return doc
+
+
+def _uint_field(doc: dict, name: str) -> int:
+    value = doc.get(name, 0)
+    if not _is_int(value) or value < 0:
+        raise BadEntry(f"bad {name} {value!r}")
+    return value
+
+
+def _read_claim(entry: Entry, doc: dict) -> None:
+    """A rename claim (decision 0003), if the entry carries one."""
+    moving_to, moving_at = doc.get("moving_to"), doc.get("moving_at", 0.0)
+    if moving_to is None:
+        return
+    if not isinstance(moving_to, str) or not isinstance(moving_at, (int, float)) \
+            or isinstance(moving_at, bool):
+        raise BadEntry("bad rename claim")
+    entry.moving_to, entry.moving_at = moving_to, float(moving_at)
+
+
+def _read_kind_fields(entry: Entry, doc: dict, max_chunk: int) -> None:
+    """The fields only one type of entry has."""
+    kind = entry.type
+    if kind == "file":
+        entry.chunks = _chunks_from_json(doc.get("chunks"), entry.size, max_chunk)
+    elif kind == "dir":
+        dir_id = doc.get("id")
+        if not isinstance(dir_id, str) or not _DIR_ID_RE.match(dir_id) or dir_id == ROOT_DIR_ID:
+            raise BadEntry(f"bad directory id {dir_id!r}")
+        entry.id = dir_id
+    elif kind == "symlink":
+        target = doc.get("target")
+        if not isinstance(target, str) or not target or "\0" in target or len(target) > 4096:
+            raise BadEntry("bad symlink target")
+        entry.target = target.encode("utf-8", "surrogateescape")
+    elif kind == "link":
+        link = doc.get("inode")
+        if not isinstance(link, str) or not _LINK_ID_RE.match(link):
+            raise BadEntry(f"bad inode id {link!r}")
+        entry.link = link
+    elif kind in ("chr", "blk"):
+        rdev = doc.get("rdev", 0)
+        if not _is_int(rdev) or not 0 <= rdev <= MAX_RDEV:
+            raise BadEntry(f"bad rdev {rdev!r}")
+        entry.rdev = rdev
+
+
+def _chunks_from_json(chunks: object, size: int, max_chunk: int) -> list[tuple[str, int]]:
+    """A file's chunk list: (sha256, length) pairs adding up to its size."""
+    if not isinstance(chunks, list):
+        raise BadEntry("file entry without chunk list")
+    out: list[tuple[str, int]] = []
+    total = 0
+    for item in chunks:
+        if (not isinstance(item, list) or len(item) != 2
+                or not isinstance(item[0], str) or not _SHA_RE.match(item[0])
+                or not _is_int(item[1]) or not 0 < item[1] <= max_chunk):
+            raise BadEntry(f"bad chunk {item!r}")
+        total += item[1]
+        out.append((item[0], item[1]))
+    if total != size:
+        raise BadEntry(f"chunks add up to {total}, size says {size}")
+    return out
 
 
 def _xattrs_from_json(raw: object) -> dict[bytes, bytes]:

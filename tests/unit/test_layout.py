@@ -1,0 +1,61 @@
+"""Size limits of issue 11 over the ckptfs package: no class body over 400 lines, no
+function over 60.  A class counts from its ``class`` line to its last line; a function
+from its ``def`` line (decorators not counted) to its last line, nested functions
+included (and measured on their own as well).  Parsed with ``ast``, never imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+MAX_CLASS = 400
+MAX_FUNCTION = 60
+PACKAGE = Path(__file__).resolve().parents[2] / "ckptfs"
+# Out of scope for now, and ONLY these two: other engineers are rewriting daemon.py and
+# cli.py right now (the control-socket server leaves daemon.py, the CLI flags come from
+# the one settings table), so splitting their long functions here would only make that
+# merge harder.  Take them back into scope once those rewrites land.
+NOT_YET = {"daemon.py", "cli.py"}
+
+
+def offenders(source: str, where: str) -> list[str]:
+    """``where:line kind name (N lines)`` for each class or function over its limit."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            kind, limit = "class", MAX_CLASS
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            kind, limit = "function", MAX_FUNCTION
+        else:
+            continue
+        lines = node.end_lineno - node.lineno + 1
+        if lines > limit:
+            found.append(f"{where}:{node.lineno} {kind} {node.name} ({lines} lines, "
+                         f"limit {limit})")
+    return sorted(found)
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py")
+                  if p.relative_to(PACKAGE).as_posix() not in NOT_YET)
+
+
+def test_no_class_over_400_and_no_function_over_60_lines():
+    scanned = modules()
+    names = {p.relative_to(PACKAGE).as_posix() for p in scanned}
+    # The scan really covers the package (a wrong path would pass vacuously).
+    assert {"core/filesystem.py", "gc.py", "leases.py", "remote.py"} <= names
+    found = [o for p in scanned
+             for o in offenders(p.read_text(), p.relative_to(PACKAGE.parent).as_posix())]
+    assert not found, "over the size limits of issue 11:\n" + "\n".join(found)
+
+
+def test_the_measure_names_what_is_too_long():
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))
+    fits = f"def fits():\n{body}"                       # lines 1-60
+    too_long = f"async def too_long():\n{body}    x = 0\n"  # lines 61-121
+    methods = "".join(f"    def m{i}(self):\n        pass\n" for i in range(200))
+    big = f"class Big:\n{methods}"                      # lines 122-522
+    assert set(offenders(fits + too_long + big, "m.py")) == {
+        "m.py:61 function too_long (61 lines, limit 60)",
+        "m.py:122 class Big (401 lines, limit 400)"}
