@@ -269,7 +269,8 @@ class Daemon:
         finally:
             os.close(lock_fd)
 
-    async def _run_locked(self, on_ready) -> None:
+    async def _open_store(self):
+        """The store, probed (format, conditional writes); the store's settle time wins."""
         opts = self.opts
         store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
                             self.config.store_timeout)
@@ -281,6 +282,11 @@ class Daemon:
                         self.config.chunk_size)
         # gc and every writer must agree on the settle time: the store's value wins.
         self.config = dataclasses.replace(self.config, gc_settle=fmt.gc_settle)
+        return store
+
+    def _open_namespace(self, store) -> Namespace:
+        """The state dir's LMDB, bound to one store for good."""
+        opts = self.opts
         try:
             ns = Namespace(opts.state_dir / "meta.lmdb")
         except Exception as exc:  # lmdb.Error and friends
@@ -292,6 +298,12 @@ class Daemon:
             ns.close()
             raise MountError(f"state dir {opts.state_dir} belongs to store {bound}, "
                              f"not {store.url}")
+        return ns
+
+    async def _run_locked(self, on_ready) -> None:
+        opts = self.opts
+        store = await self._open_store()
+        ns = self._open_namespace(store)
         staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
         cache = ChunkCache(opts.state_dir / "cache", store, self.config.cache_size,
                            trio.CapacityLimiter(self.config.fetch_concurrency))
@@ -331,26 +343,7 @@ class Daemon:
                 finally:
                     self._terminated = True
                     pyfuse3.close(unmount=True)
-                if fs.unfinished():
-                    if self._stop_at is None:      # unmounted from outside (fusermount -u)
-                        self._stop_at = trio.current_time() + self.config.stop_timeout
-                    log.info("unmounted %s; finishing %d pending upload(s) for at most "
-                             "%.0f s", opts.mountpoint, fs.unfinished(),
-                             max(0.0, self._stop_at - trio.current_time()))
-                    await self._drain(self._stop_at)
-                else:
-                    log.info("unmounted %s", opts.mountpoint)
-                left = fs.pending_uploads()
-                if left:
-                    log.warning("%d upload(s) not finished stay journaled in %s; the next "
-                                "mount resumes them", left, opts.state_dir)
-                if not self._stop_now.is_set():
-                    # Release idle seal leases: each call is bounded by store_timeout,
-                    # and all of them together too.
-                    with trio.move_on_after(self.config.store_timeout):
-                        await fs.leases.shutdown()
-                # Calls still in flight (a store that hangs) are given up, not waited for.
-                store.close()
+                await self._after_unmount(fs, store)
                 nursery.cancel_scope.cancel()
         finally:
             if self.metrics is not None:
@@ -361,6 +354,31 @@ class Daemon:
                 os.unlink(control_path)
             except FileNotFoundError:
                 pass
+
+    async def _after_unmount(self, fs: Filesystem, store) -> None:
+        """Finish pending work for at most the stop deadline, say what stays journaled,
+        release idle leases, and give up store calls still in flight."""
+        opts = self.opts
+        if fs.unfinished():
+            if self._stop_at is None:      # unmounted from outside (fusermount -u)
+                self._stop_at = trio.current_time() + self.config.stop_timeout
+            log.info("unmounted %s; finishing %d pending upload(s) for at most "
+                     "%.0f s", opts.mountpoint, fs.unfinished(),
+                     max(0.0, self._stop_at - trio.current_time()))
+            await self._drain(self._stop_at)
+        else:
+            log.info("unmounted %s", opts.mountpoint)
+        left = fs.pending_uploads()
+        if left:
+            log.warning("%d upload(s) not finished stay journaled in %s; the next "
+                        "mount resumes them", left, opts.state_dir)
+        if not self._stop_now.is_set():
+            # Release idle seal leases: each call is bounded by store_timeout,
+            # and all of them together too.
+            with trio.move_on_after(self.config.store_timeout):
+                await fs.leases.shutdown()
+        # Calls still in flight (a store that hangs) are given up, not waited for.
+        store.close()
 
     def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
         if not self.opts.retention:
