@@ -42,7 +42,7 @@ class NotMounted(ConnectionError):
 class CommitResult:
     sealed: bool               # sealed by this call (False: it was visible already)
     pending: dict | None       # the seal waits for other nodes still writing below it
-    journaled: bool = False    # async mode: sealed here, on its way to the store
+    journaled: bool = False    # async mode: journaled; shown once in the store (wait)
 
 
 def _unescape(field: str) -> str:
@@ -192,7 +192,9 @@ def state(path: str | os.PathLike) -> str:
 
 
 def commit(path: str | os.PathLike) -> CommitResult:
-    """Seal a staged checkpoint directory (make it listed everywhere)."""
+    """Seal a staged checkpoint directory (make it listed everywhere).  In async mode
+    the seal is journaled and this returns at once (``journaled``); the directory is
+    listed once it is in the store, which ``wait(path)`` waits for."""
     path = Path(os.path.abspath(path))
     mount = mount_of(path)
     reply = _final(mount, request(mount, {"cmd": "commit", "path": str(path)}), None)

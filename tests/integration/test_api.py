@@ -46,10 +46,12 @@ def test_commit_seals_and_reports(store, make_mount):
     (ckpt / "model.bin").write_bytes(os.urandom(4096))
     assert "checkpoint-7" not in os.listdir(mnt.path)    # staged: unlisted
     result = ckptfs.commit(ckpt)
-    assert result.sealed and result.pending is None
+    # Async mode: the seal is journaled (decision 0012); it shows once it is in the
+    # store, after the upload below it, which ckptfs.wait waits for.
+    assert result.sealed and result.journaled and result.pending is None
+    ckptfs.wait(ckpt)
     assert "checkpoint-7" in os.listdir(mnt.path)
     assert ckptfs.commit(ckpt).sealed is False           # already visible
-    ckptfs.wait(ckpt)
     assert ckptfs.state(ckpt / "model.bin") == "published"
     # The CLI uses the same client.
     proc = run_ckptfs("commit", str(ckpt))

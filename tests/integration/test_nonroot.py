@@ -77,7 +77,8 @@ JOB = textwrap.dedent("""
     ckptfs.wait(jobs, timeout=120)
     assert ckptfs.state(os.path.join(jobs, "log.txt")) == "published"
     result = ckptfs.commit(ckpt)
-    assert result.sealed, result
+    assert result.sealed and result.journaled, result     # async mode: journaled
+    ckptfs.wait(ckpt, timeout=120)
     assert "checkpoint-1" in os.listdir(jobs)
     with open(os.path.join(ckpt, "model.bin"), "rb") as f:
         assert f.read() == data
