@@ -48,6 +48,16 @@ def status_text(doc: dict) -> str:
     if pending and doc.get("oldest_pending_s") is not None:
         text += f", oldest {human_age(doc['oldest_pending_s'])}"
     row("pending", text)
+    if fs.get("pending_metadata"):
+        row("metadata", f"{fs['pending_metadata']} change(s) journaled, on their way to "
+                        "the store in order (async mode)"
+            + (f"; waiting: {next(iter(fs['failing_metadata'].values()))}"
+               if fs.get("failing_metadata") else ""))
+    if doc.get("durability") == "async" and fs.get("max_staged"):
+        row("staged", f"{human_bytes(fs.get('staged_bytes', 0))} closed, not uploaded "
+                      f"(max {human_bytes(fs['max_staged'])})"
+            + (f"; {fs['writers_waiting_for_uploads']} writer(s) waiting for uploads"
+               if fs.get("writers_waiting_for_uploads") else ""))
     failing = fs.get("failing_uploads") or {}
     if failing:
         first = next(iter(failing.values()))

@@ -1,0 +1,22 @@
+"""The human status summary names async mode's journaled metadata and the staging bound."""
+
+from ckptfs.display import status_text
+
+
+def test_status_names_journaled_metadata_and_writers_waiting_for_uploads():
+    doc = {"mountpoint": "/mnt/ckpt", "pid": 7, "node_id": "n1", "store": "s3://b/p",
+           "durability": "async", "pending_bytes": 6 << 20,
+           "fs": {"pending_uploads": 3, "pending_metadata": 2,
+                  "failing_metadata": {"9": "EIO: store timeout: put dirs/root/x"},
+                  "staged_bytes": 6 << 20, "max_staged": 4 << 20,
+                  "writers_waiting_for_uploads": 1}}
+    text = status_text(doc)
+    assert "2 change(s) journaled" in text and "store timeout" in text
+    assert "6.0 MiB closed, not uploaded (max 4.0 MiB); 1 writer(s) waiting" in text
+
+
+def test_status_of_a_quiet_sync_mount_has_no_async_rows():
+    doc = {"mountpoint": "/mnt/ckpt", "pid": 7, "durability": "sync",
+           "fs": {"pending_uploads": 0, "max_staged": 4 << 20}}
+    text = status_text(doc)
+    assert "journaled" not in text and "closed, not uploaded" not in text
