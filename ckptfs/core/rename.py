@@ -235,6 +235,7 @@ class Rename:
             if target_remote and target.link_id:
                 # The replaced name was one link of a shared inode: count it out.
                 await self._change_nlink(self.ns.get(target.ino), -1)
+            sealed_here = inode.staged and seals and inode.type == "dir"
             inode.staged = inode.staged and not seals  # a rename seals a staged directory
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
@@ -248,6 +249,8 @@ class Rename:
                 self._mark_parent_changed(self.ns.get(new_parent))
         if target is not None:
             self._drop_rt(target.ino)
+        if sealed_here:
+            self._sealed(inode)       # pointers waiting for it, retention
 
     async def _move_entry(self, inode: Inode, old_key: str, new_key: str,
                           seals: bool = True) -> None:
@@ -257,6 +260,8 @@ class Rename:
         under the new key, then delete the old key only if it is still our claim (a
         newer version another node wrote there meanwhile stays)."""
         claim_etag = await self._claim(inode, old_key, new_key)
+        if seals and inode.staged and inode.type == "dir":
+            inode.sealed_at = time.time()       # retention orders by seal time
         moved = self._entry_of(inode)
         moved.staged = moved.staged and not seals
         body = moved.to_json()

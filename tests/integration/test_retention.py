@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from conftest import eventually, run_ckptfs
 
 
@@ -67,3 +69,22 @@ def test_only_the_node_that_sealed_the_newest_prunes(local_store, make_mount, tm
     assert eventually(lambda: listed(a.path) == ["checkpoint-2"]), listed(a.path)
     assert b.status()["retention_removed"] == [str(b.path / "checkpoint-1")]
     assert a.status()["retention_removed"] == []
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_checkpoints_sealed_by_a_rename_are_kept_and_pruned_by_seal_time(
+        local_store, make_mount, tmp_path, durability):
+    """A job that saves into a temporary staged name and renames it into place (the
+    rename seals it) gets the same retention as one sealed by a mark or a commit."""
+    config = tmp_path / "ckptfs.toml"
+    config.write_text('[[retention]]\npattern = "checkpoint-*"\nkeep_last = 2\n')
+    a = make_mount(local_store, durability=durability, extra=("--config", str(config)))
+    for step in range(4):
+        tmp = a.path / f"checkpoint-{step}.tmp"     # staged on create (checkpoint-*)
+        tmp.mkdir()
+        (tmp / "model.bin").write_bytes(b"%d" % step * 1000)
+        os.rename(tmp, a.path / f"checkpoint-{step}")
+        run_ckptfs("wait", str(a.path), check=True, timeout=120)
+    assert eventually(lambda: listed(a.path) == ["checkpoint-2", "checkpoint-3"]), \
+        listed(a.path)
+    assert (a.path / "checkpoint-3" / "model.bin").read_bytes() == b"3" * 1000
