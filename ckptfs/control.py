@@ -311,7 +311,8 @@ class ControlServer:
                         "errno": errno.errorcode.get(exc.errno, "EIO")})
             return
         await send({"done": True, "ok": True, "sealed": sealed,
-                    "journaled": fs.oplog.pending_of("seal", inode.ino),
+                    # async mode: the seal went into the metadata log (decision 0012)
+                    "journaled": bool(sealed) and fs.config.durability == "async",
                     "pending": fs.leases.pending_of(inode.ino)})
 
     async def _gc(self, dry_run: bool, grace: float, send: Send) -> None:
