@@ -2,10 +2,13 @@
 side, in alternating rounds, printing medians and ratios (DESIGN.md §7).
 
 Workload (default): 4 files of 256 MiB and 20 small files, never-repeating bytes,
-written with 1 MiB writes, then fsync, then close.  Baselines: local disk, and a direct
-boto3 (s3transfer) upload/download of the same files to the same store.  ckptfs runs in
-``sync`` and ``async`` modes.  Each ckptfs round uses a fresh mount (new state dir) so
-reads are cold.  Uses the CLI, as a user would.  Knows nothing of ckptfs internals.
+written with 1 MiB writes, then fsync, then close.  Baselines: local disk; a bare pyfuse3
+passthrough over local disk (``ckptfs.passthrough``: the floor for a Python FUSE daemon);
+and a direct, parallel boto3 (s3transfer) upload/download of the same files to the same
+store.  ckptfs runs in ``sync`` and ``async`` modes.  Each ckptfs round uses a fresh mount
+(new state dir) so reads are cold.  Daemon CPU (``/proc/<pid>/stat`` utime+stime, every
+thread) is read before and after writing and cold-reading, and reported per GiB (issue
+13).  Uses the CLI, as a user would.  Knows nothing of ckptfs internals.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 @dataclass
@@ -112,6 +116,25 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads (``/proc/<pid>/stat``
+    fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_mounted(mnt: Path, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mnt):
+        if proc.poll() is not None:
+            raise RuntimeError(f"passthrough daemon exited with status {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"passthrough did not mount {mnt} within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 READER = r"""
 import sys
 with open(sys.argv[1], "rb", buffering=0) as f:
@@ -169,6 +192,57 @@ class Bench:
         self.record("local", "warm_read", read_tree(root, self.workload))
         shutil.rmtree(root)
 
+    def start_passthrough(self, source: Path, mnt: Path) -> subprocess.Popen:
+        mnt.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "ckptfs.passthrough", str(source),
+                                 str(mnt)], env=self.env)
+        try:
+            wait_mounted(mnt, proc)
+        except BaseException:
+            self.stop_passthrough(proc, mnt)
+            raise
+        return proc
+
+    def stop_passthrough(self, proc: subprocess.Popen, mnt: Path) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
+
+    def run_passthrough(self, rnd: int) -> None:
+        """The same workload through a bare pyfuse3 passthrough over local disk: a fresh
+        daemon for writing, another for reading (so the FUSE page cache is cold)."""
+        source = self.work / f"passthrough-src-{rnd}"
+        source.mkdir()
+        mnt = self.work / f"mnt-passthrough-{rnd}"
+        gib = self.workload.total / GiB
+        proc = self.start_passthrough(source, mnt)
+        try:
+            cpu0 = cpu_seconds(proc.pid)
+            blocked = write_tree(mnt / "ckpt", self.workload, f"passthrough{rnd}")
+            self.record("passthrough", "blocked", blocked)
+            self.record("passthrough", "cpu_s_per_gib_write",
+                        (cpu_seconds(proc.pid) - cpu0) / gib)
+            self.record("passthrough", "peak_rss_mib", peak_rss(proc.pid) / MiB)
+        finally:
+            self.stop_passthrough(proc, mnt)
+        drop_page_cache(source)
+        proc = self.start_passthrough(source, mnt)
+        try:
+            cpu0 = cpu_seconds(proc.pid)
+            self.record("passthrough", "cold_read", read_tree(mnt / "ckpt", self.workload))
+            self.record("passthrough", "cpu_s_per_gib_cold_read",
+                        (cpu_seconds(proc.pid) - cpu0) / gib)
+            self.record("passthrough", "warm_read", read_tree(mnt / "ckpt", self.workload))
+        finally:
+            self.stop_passthrough(proc, mnt)
+        shutil.rmtree(source)
+
     def run_boto3(self, rnd: int) -> None:
         if not self.store_url.startswith("s3://"):
             return
@@ -217,12 +291,15 @@ class Bench:
         try:
             pid = daemon_status(mnt, self.env)["pid"]
             root = mnt / f"ckpt-{name}"
+            cpu0 = cpu_seconds(pid)
             t0 = time.perf_counter()
             blocked = write_tree(root, self.workload, name)
             ckptfs_cli("wait", str(mnt), env=self.env)
             durable = time.perf_counter() - t0
+            cpu = cpu_seconds(pid) - cpu0
             self.record(system, "blocked", blocked)
             self.record(system, "durable", durable)
+            self.record(system, "cpu_s_per_gib_write", cpu / (self.workload.total / GiB))
             if not self.args.quick:
                 before = daemon_status(mnt, self.env)["fs"]["bytes_uploaded"]
                 write_tree(mnt / f"resave-{name}", self.workload, name)
@@ -236,11 +313,14 @@ class Bench:
         # Cold and warm reads from a fresh mount (new state dir: nothing cached).
         reader = self.mount(f"{name}-reader", durability)
         try:
+            pid = daemon_status(reader, self.env)["pid"]
+            cpu0 = cpu_seconds(pid)
             self.record(system, "cold_read", read_tree(reader / f"ckpt-{name}", self.workload))
+            self.record(system, "cpu_s_per_gib_cold_read",
+                        (cpu_seconds(pid) - cpu0) / (self.workload.total / GiB))
             self.record(system, "warm_read", read_tree(reader / f"ckpt-{name}", self.workload))
             if not self.args.quick and self.workload.big_files:
                 self.eight_readers(rnd, system, name)
-            pid = daemon_status(reader, self.env)["pid"]
             self.record(system, "reader_peak_rss_mib", peak_rss(pid) / MiB)
         finally:
             self.umount(reader)
@@ -275,6 +355,8 @@ class Bench:
                           file=sys.stderr, flush=True)
                     if system == "local":
                         self.run_local(rnd)
+                    elif system == "passthrough":
+                        self.run_passthrough(rnd)
                     elif system == "boto3":
                         self.run_boto3(rnd)
                     else:
@@ -295,31 +377,60 @@ class Bench:
 
 
 def ratios(summary: dict) -> list[str]:
+    """The ratios issue 13 sets targets for, from the medians of one run."""
     med = summary["medians"]
     local = med.get("local", {})
+    passthrough = med.get("passthrough", {})
     boto = med.get("boto3", {})
     lines = []
 
-    def ratio(label, a, b, target):
-        if a is None or b is None or b == 0:
+    def line(label: str, value: float | None, target: str, met: bool | None) -> None:
+        if value is None:
             return
-        lines.append(f"  {label:<52} {a / b:6.2f}x   (target {target})")
+        verdict = "" if met is None else ("  ok" if met else "  MISSED")
+        lines.append(f"  {label:<58} {value:8.2f}   (target {target}){verdict}")
+
+    def ratio(label: str, a, b, limit: float | None, target: str) -> None:
+        if a is None or not b:
+            return
+        value = a / b
+        line(label, value, target, None if limit is None else value <= limit)
 
     for mode in ("async", "sync"):
         m = med.get(f"ckptfs-{mode}", {})
         if not m:
             continue
+        ratio(f"{mode}: blocked / passthrough blocked", m.get("blocked"),
+              passthrough.get("blocked"), 1.15 if mode == "async" else None,
+              "<= 1.15x" if mode == "async" else "-")
         ratio(f"{mode}: blocked / local-disk write", m.get("blocked"), local.get("blocked"),
-              "<= 1.5x" if mode == "async" else "-")
-        base = max(local.get("durable", 0), boto.get("durable", 0)) or None
-        ratio(f"{mode}: durable / max(local write, boto3 upload)", m.get("durable"), base,
-              "<= 1.2x")
-        if m.get("cold_read") and boto.get("cold_read"):
-            lines.append(f"  {mode + ': cold read throughput / boto3 download':<52} "
-                         f"{boto['cold_read'] / m['cold_read']:6.2f}x   (target >= 0.9x)")
+              None, "-")
+        ratio(f"{mode}: durable / parallel boto3 upload", m.get("durable"),
+              boto.get("durable"), 1.0 if mode == "sync" else None,
+              "<= 1.0x" if mode == "sync" else "-")
+        ratio(f"{mode}: cold read time / parallel boto3 download", m.get("cold_read"),
+              boto.get("cold_read"), 1.0, "<= 1.0x")
+        ratio(f"{mode}: 8 readers / 1 reader (time)", m.get("8_readers"),
+              m.get("1_readers"), 1.2, "<= 1.2x")
+        if m.get("8_readers_fetched_x") is not None:
+            value = m["8_readers_fetched_x"]
+            line(f"{mode}: 8 readers: bytes fetched / file size", value, "1.00x",
+                 abs(value - 1.0) < 0.005)
+        for metric, limit in (("cpu_s_per_gib_write", 1.5), ("cpu_s_per_gib_cold_read", 1.0)):
+            if m.get(metric) is not None:
+                line(f"{mode}: daemon CPU s/GiB {metric.removeprefix('cpu_s_per_gib_')}",
+                     m[metric], f"<= {limit}", m[metric] <= limit)
+        for metric in ("cpu_s_per_gib_write", "cpu_s_per_gib_cold_read"):
+            ratio(f"{mode}: daemon CPU {metric.removeprefix('cpu_s_per_gib_')} / passthrough",
+                  m.get(metric), passthrough.get(metric), None, "-")
+        for metric in ("peak_rss_mib", "reader_peak_rss_mib"):
+            if m.get(metric) is not None:
+                line(f"{mode}: daemon {metric.replace('_', ' ')}", m[metric], "<= 300 MiB",
+                     m[metric] <= 300)
         if m.get("warm_read") and local.get("warm_read"):
-            lines.append(f"  {mode + ': warm read throughput / local disk':<52} "
-                         f"{local['warm_read'] / m['warm_read']:6.2f}x   (target >= 0.8x)")
+            line(f"{mode}: warm read throughput / local disk",
+                 local["warm_read"] / m["warm_read"], ">= 0.8x",
+                 local["warm_read"] / m["warm_read"] >= 0.8)
     return lines
 
 
@@ -354,7 +465,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-url")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--systems", nargs="+",
-                   default=["local", "boto3", "ckptfs-sync", "ckptfs-async"])
+                   default=["local", "passthrough", "boto3", "ckptfs-sync", "ckptfs-async"])
     p.add_argument("--big-files", type=int, default=4)
     p.add_argument("--big-size", type=lambda s: int(float(s) * MiB), default=256 * MiB,
                    help="size of each big file in MiB")

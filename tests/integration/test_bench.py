@@ -1,0 +1,58 @@
+"""``ckptfs bench`` end to end on a tiny workload: the real CLI, real FUSE mounts (ckptfs
+and the bare pyfuse3 passthrough baseline), the real SeaweedFS store.  Asserts what the
+table reports, not how fast anything was."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import run_ckptfs
+
+SYSTEMS = ["local", "passthrough", "boto3", "ckptfs-sync", "ckptfs-async"]
+
+
+def table_rows(stdout: str) -> tuple[list[str], dict[str, list[str]]]:
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.startswith("metric"))
+    columns = header.split()[1:]
+    rows = {}
+    for line in lines[lines.index(header) + 1:]:
+        if line.startswith("throughput"):
+            break
+        name, *cells = line.split()
+        rows[name] = cells
+    return columns, rows
+
+
+def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
+    work = tmp_path / "bench"
+    proc = run_ckptfs("bench", "--store", s3_store.url, "--endpoint-url",
+                      s3_store.seaweed.endpoint_url, "--rounds", "1", "--big-files", "1",
+                      "--big-size", "24", "--small-files", "2", "--quick",
+                      "--work-dir", str(work), "--systems", *SYSTEMS,
+                      env=s3_store.env, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    columns, rows = table_rows(proc.stdout)
+    assert columns == SYSTEMS
+    col = {name: i for i, name in enumerate(columns)}
+
+    def cell(metric: str, system: str) -> float:
+        return float(rows[metric][col[system]])   # "-" (no number) fails here
+
+    # The passthrough baseline is measured like ckptfs: write, cold read, daemon CPU.
+    for metric in ("blocked", "cold_read", "warm_read"):
+        assert cell(metric, "passthrough") > 0
+    for system in ("passthrough", "ckptfs-sync", "ckptfs-async"):
+        assert cell("cpu_s_per_gib_write", system) >= 0
+        assert cell("cpu_s_per_gib_cold_read", system) >= 0
+        assert cell("peak_rss_mib", system) > 0
+    # ckptfs hashes and uploads every byte: its daemon's CPU cannot read as zero.
+    for system in ("ckptfs-sync", "ckptfs-async"):
+        assert cell("cpu_s_per_gib_write", system) > 0
+        assert cell("cpu_s_per_gib_cold_read", system) > 0
+    assert rows["cpu_s_per_gib_write"][col["boto3"]] == "-"
+    assert "async: blocked / passthrough blocked" in proc.stdout
+    assert "sync: durable / parallel boto3 upload" in proc.stdout
+    assert "sync: daemon CPU s/GiB write" in proc.stdout
+    # The bench leaves no mount behind.
+    assert not any(os.path.ismount(p) for p in work.glob("mnt-*"))
