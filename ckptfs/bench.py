@@ -105,7 +105,7 @@ def ckptfs_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProce
 
 
 def daemon_status(mnt: Path, env: dict) -> dict:
-    return json.loads(ckptfs_cli("status", str(mnt), env=env).stdout)
+    return json.loads(ckptfs_cli("status", "--json", str(mnt), env=env).stdout)
 
 
 def peak_rss(pid: int) -> int:

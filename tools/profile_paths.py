@@ -93,7 +93,8 @@ def thread_report(before: dict, after: dict, gib: float) -> list[str]:
 
 
 def daemon_pid(mnt: Path, env: dict) -> int:
-    out = subprocess.run([sys.executable, "-m", "ckptfs", "status", str(mnt)], env=env,
+    out = subprocess.run([sys.executable, "-m", "ckptfs", "status", "--json", str(mnt)],
+                         env=env,
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)["pid"]
 
