@@ -37,7 +37,7 @@ STORE_ERROR_KINDS = ("transient", "timeout", "permanent")
 class Snapshot:
     """The scrape-time numbers, taken at once on the daemon's trio thread."""
 
-    upload: dict            # publisher.UploadStats fields
+    upload: dict            # upload.UploadStats fields
     store: dict             # store.StoreStats.snapshot()
     cache: dict             # hits, misses, evictions, corrupt_events, total, limit
     pending_uploads: int

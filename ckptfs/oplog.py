@@ -33,9 +33,8 @@ from collections.abc import Awaitable, Callable, Iterable
 import trio
 
 from .namespace import Namespace
-from .publisher import store_cause
 from .retrypolicy import RetryPolicy
-from .store import is_permanent
+from .store import is_permanent, store_cause
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 wait between them (exponential ``backoff`` from ``base_delay`` by ``factor`` up to
 ``max_delay``, optionally with full jitter), and the overall ``deadline`` of one call.
 
-The store's retries (``store.retry``), the background publish queue (``publisher``),
+The store's retries (``store.retry``), the background publish queue (``publish_queue``),
 lease renewals and pending-seal polls (``leases``), the metadata log (``oplog``) and the
 cache's refetch of a corrupt chunk (``cache``) each hold one of these instead of their
 own numbers.  A leaf module:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ckptfs.gc import collect
 from ckptfs.liveness import ChunkLiveness, GuardedStore
-from ckptfs.publisher import ChunkUploader
+from ckptfs.upload import ChunkUploader
 from ckptfs.remote import Entry, entry_key
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 

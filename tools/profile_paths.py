@@ -33,7 +33,7 @@ COSTS = {
     "FUSE write handler (fs.write)": ("write (ckptfs/fs.py",),
     "FUSE read handler (fs.read)": ("read (ckptfs/fs.py",),
     "staging pwrite": ("pwrite",),
-    "upload: read chunk back (pread)": ("_upload_sync (ckptfs/publisher.py",),
+    "upload: read chunk back (pread)": ("_upload_sync (ckptfs/upload.py",),
     "sha256": ("sha256", "hashlib", "sha256_block", "SHA256"),
     "botocore request (signing, HTTP)": ("botocore",),
     "urllib3/http.client send/recv": ("urllib3", "http/client.py", "socket.py"),

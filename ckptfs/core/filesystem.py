@@ -22,7 +22,8 @@ from ..namespace import Inode, Namespace
 from ..oplog import MetaLog
 from ..procstat import Opener, died_unclean
 from ..liveness import ChunkLiveness, GuardedStore
-from ..publisher import ChunkUploader, PublishQueue
+from ..publish_queue import PublishQueue
+from ..upload import ChunkUploader
 from ..cache import ChunkCache
 from ..staging import Staging
 from ..store import ObjectStore

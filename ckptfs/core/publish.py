@@ -13,7 +13,7 @@ import trio
 from ..errors import FsError
 from ..namespace import Inode
 from ..procstat import holds_for_writing
-from ..publisher import chunk_list
+from ..upload import chunk_list
 from ..store import StoreError
 from .state import (Handle, Runtime, Session)
 

@@ -16,7 +16,7 @@ from ..errors import FsError
 from ..namespace import Inode
 from ..procstat import Opener
 from ..profiles import Profiles
-from ..publisher import ChunkTracker
+from ..upload import ChunkTracker
 
 log = logging.getLogger(__name__)
 

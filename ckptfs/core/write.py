@@ -14,7 +14,7 @@ import trio
 from ..errors import FsError
 from ..namespace import Inode
 from ..procstat import Opener
-from ..publisher import ChunkTracker
+from ..upload import ChunkTracker
 from .state import (Handle, Runtime, Session)
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ FUSE: it moves opaque bytes under opaque keys.
 """
 
 from .base import (ListedObject, NotFound, ObjectStore, PreconditionFailed, StoreClosed,
-                   StoreError, StoreTimeout, TransientStoreError, is_permanent)
+                   StoreError, StoreTimeout, TransientStoreError, is_permanent,
+                   store_cause)
 from .local import LocalStore
 from .memory import Call, Gate, MemoryStore
 from ..retrypolicy import RetryPolicy
@@ -21,5 +22,5 @@ __all__ = [
     "BadStoreURL", "Call", "CountingStore", "Gate", "ListedObject", "LocalStore",
     "MemoryStore", "NotFound", "ObjectStore", "PreconditionFailed", "RetryPolicy",
     "RetryingStore", "S3Store", "StoreClosed", "StoreError", "StoreStats", "StoreTimeout",
-    "TransientStoreError", "is_permanent", "open_store", "store_policy",
+    "TransientStoreError", "is_permanent", "open_store", "store_cause", "store_policy",
 ]

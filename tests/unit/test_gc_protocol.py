@@ -15,7 +15,7 @@ import pytest
 from ckptfs.gc import GcConflict, collect
 from ckptfs.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState,
                              GuardedStore)
-from ckptfs.publisher import ChunkUploader
+from ckptfs.upload import ChunkUploader
 from ckptfs.remote import Entry, chunk_key, entry_key
 from ckptfs.store import LocalStore, NotFound
 

@@ -1,5 +1,5 @@
 """The layering is a contract (pyproject.toml, [tool.importlinter]): cli -> daemon ->
-fuse adapter -> core (fs) -> core helpers -> namespace / staging / cache / publisher ->
+fuse adapter -> core (fs) -> core helpers -> namespace / staging / cache / upload / publish_queue ->
 liveness -> store; the core never imports pyfuse3 and no layer below the daemon imports
 boto3 outside the S3 store.  ``lint-imports`` checks it on every run of the suite."""
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptfs.publisher import PublishQueue
+from ckptfs.publish_queue import PublishQueue
 from ckptfs.retrypolicy import RetryPolicy
 from ckptfs.store import (MemoryStore, RetryingStore, StoreTimeout, TransientStoreError,
                           store_policy)

@@ -1,0 +1,187 @@
+"""Moving staged bytes into the store: chunk upload with dedup, and the pipelined chunk
+tracker of a sequential writer (the background queue of async publishes is
+``publish_queue.py``).
+
+A chunk is read from a staging file, hashed and uploaded in a worker thread, under a
+capacity limiter that bounds memory and parallel requests.  A chunk the store already
+has is never uploaded again.  Knows nothing of inodes' names, of publishing, or of FUSE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from .liveness import ChunkLiveness
+from .remote import chunk_key
+from .store import ObjectStore, StoreTimeout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UploadStats:
+    chunks_uploaded: int = 0
+    chunks_deduplicated: int = 0
+    bytes_uploaded: int = 0
+    bytes_deduplicated: int = 0
+    publishes: int = 0
+    publish_failures: int = 0
+
+
+class ChunkUploader:
+    """Read, hash and upload chunks of staging files.  Whether a chunk the store already
+    has may be skipped is ``ChunkLiveness``'s call (decision 0003): a chunk verified
+    since the last gc pass that could have collected it costs no request; one gc may
+    collect costs a HEAD (and a PUT if it is gone); a candidate of a pass in its marking
+    phase is PUT again."""
+
+    def __init__(self, store: ObjectStore, liveness: ChunkLiveness,
+                 limiter: trio.CapacityLimiter,
+                 on_known: Callable[[str, int], None],
+                 slot: Callable[[], AbstractAsyncContextManager] | None = None) -> None:
+        self.store = store
+        self.slot = slot              # held around each upload (async mode yields)
+        self.liveness = liveness
+        self.limiter = limiter
+        self.on_known = on_known      # persists (hash, memory generation) (trio thread)
+        self.stats = UploadStats()
+
+    async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
+        async with self.slot() if self.slot is not None else nullcontext():
+            async with self.limiter:
+                sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
+                    self._upload_sync, path, offset, length)
+        if not remembered:
+            self.on_known(sha, self.liveness.memory.get(sha) or generation + 1)
+        if uploaded:
+            self.stats.chunks_uploaded += 1
+            self.stats.bytes_uploaded += length
+        else:
+            self.stats.chunks_deduplicated += 1
+            self.stats.bytes_deduplicated += length
+        return sha, length
+
+    def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
+        # Opened here, not shared: a handle's descriptor may be closed (and its number
+        # reused) while a background publish is still reading.
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        if len(data) != length:
+            raise OSError(5, f"staging file shorter than expected at {offset}")
+        sha = hashlib.sha256(data).hexdigest()
+        action, generation = self.liveness.plan_upload(sha)
+        if action == "skip":
+            return sha, False, generation, True
+        key = chunk_key(sha)
+        if action == "head" and self.store.exists(key):
+            self.liveness.uploaded(sha, generation, action)
+            return sha, False, generation, False
+        self.store.put(key, data, sha256=sha)
+        self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
+        return sha, True, generation, False
+
+
+@dataclass
+class _Pending:
+    gen: int
+    done: trio.Event = field(default_factory=trio.Event)
+    result: tuple[str, int] | None = None
+    error: BaseException | None = None      # why the pipelined upload failed
+
+
+class ChunkTracker:
+    """Chunks of one staging file uploaded ahead of ``flush`` while a writer is still
+    writing sequentially.  A write into a chunk already sent invalidates it."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+        self.pending: dict[int, _Pending] = {}
+        self.seq_end = 0
+        self.next_index = 0
+        self.gen = 0
+
+    def invalidate_range(self, start: int, end: int) -> None:
+        if not self.pending or end <= start:
+            return
+        first, last = start // self.chunk_size, (end - 1) // self.chunk_size
+        for index in [i for i in self.pending if first <= i <= last]:
+            del self.pending[index]
+
+    def invalidate_from(self, offset: int) -> None:
+        first = offset // self.chunk_size
+        for index in [i for i in self.pending if i >= first]:
+            del self.pending[index]
+        self.next_index = min(self.next_index, first)
+        self.seq_end = min(self.seq_end, first * self.chunk_size)
+
+    def reset(self) -> None:
+        self.pending.clear()
+        self.seq_end = 0
+        self.next_index = 0
+        self.gen += 1
+
+    def note_write(self, offset: int, length: int) -> list[int]:
+        """Record a write; return indexes of chunks that just became complete."""
+        self.invalidate_range(offset, offset + length)
+        if offset != self.seq_end:
+            self.seq_end = -1  # no longer sequential: stop pipelining for this file
+            return []
+        self.seq_end = offset + length
+        ready = []
+        while self.seq_end >= (self.next_index + 1) * self.chunk_size:
+            ready.append(self.next_index)
+            self.next_index += 1
+        return ready
+
+    def start(self, index: int) -> _Pending:
+        pending = _Pending(gen=self.gen)
+        self.pending[index] = pending
+        return pending
+
+
+async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path: Path,
+                     size: int, chunk_size: int) -> list[tuple[str, int]]:
+    """Upload whatever is not yet uploaded and return the file's chunk list."""
+    count = math.ceil(size / chunk_size)
+    result: list[tuple[str, int] | None] = [None] * count
+    errors: list[Exception] = []
+
+    async def one(index: int) -> None:
+        offset = index * chunk_size
+        length = min(chunk_size, size - offset)
+        pending = tracker.pending.get(index) if tracker else None
+        if pending is not None and length == chunk_size:
+            await pending.done.wait()
+            if pending.result is not None and tracker.pending.get(index) is pending:
+                result[index] = pending.result
+                return
+            if isinstance(pending.error, StoreTimeout) and tracker.pending.get(index) is pending:
+                # The store did not answer within store_timeout just now: uploading the
+                # chunk again would double the writer's wait.  Reported once: the next
+                # attempt (a background retry) uploads it afresh.
+                del tracker.pending[index]
+                errors.append(pending.error)
+                return
+        try:
+            result[index] = await uploader.upload(path, offset, length)
+        except Exception as exc:  # collected: the first one is raised below
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(count):
+            nursery.start_soon(one, index)
+    if errors:
+        raise errors[0]
+    return [r for r in result if r is not None]
