@@ -86,10 +86,16 @@ class MetaLog:
 
     def epoch(self) -> int:
         """The epoch of a publish closed now: the newest pending record, or 0."""
-        return max(self.pending) if self.pending else 0
+        return next(reversed(self.pending)) if self.pending else 0
 
     def done_through(self, epoch: int) -> bool:
-        return not self.pending or min(self.pending) > epoch
+        return not self.pending or self._oldest() > epoch
+
+    def _oldest(self) -> int:
+        """``pending`` is kept in journal order (records are added with growing sequence
+        numbers and loaded in key order): the oldest is its first key, the newest its
+        last, with no scan (the publish queue asks this for every inode it hands out)."""
+        return next(iter(self.pending))
 
     def is_busy(self, dir_ino: int) -> bool:
         return self.busy.get(dir_ino, 0) > 0
@@ -124,7 +130,7 @@ class MetaLog:
             if not self.pending:
                 await self._changed.wait()
                 continue
-            seq = min(self.pending)
+            seq = self._oldest()
             record = self.pending[seq]
             attempt = 0
             while True:

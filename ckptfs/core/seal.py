@@ -123,14 +123,19 @@ class Seal:
                 cur = self.ns.maybe_get(cur.parent)
         return False
 
+    def _refuse_if_failed_below(self, dir_ino: int) -> None:
+        """A file below that failed to upload for good makes the tree incomplete for
+        good: EIO, never a wait without end or a seal of a partial checkpoint."""
+        if self._pending_under(dir_ino, list(self.queue.failed)):
+            raise FsError(errno.EIO, "a file below failed to upload for good (see "
+                                     "`ckptfs status`): the tree is incomplete")
+
     async def _wait_uploads_under(self, dir_ino: int) -> None:
         """Until every closed file below a directory is in the store (a sealed or
         renamed tree appears complete).  An upload that failed for good below it makes
         the tree incomplete for good: EIO, never a wait without end."""
         while True:
-            if self._pending_under(dir_ino, list(self.queue.failed)):
-                raise FsError(errno.EIO, "a file below failed to upload for good (see "
-                                         "`ckptfs status`): the tree is incomplete")
+            self._refuse_if_failed_below(dir_ino)
             if not self._pending_under(dir_ino, self.queue.active()):
                 return
             await trio.sleep(0.05)
@@ -195,9 +200,7 @@ class Seal:
         upload below the directory (``_exec_seal``).  True if a seal is on its way."""
         if not inode.staged or not inode.parent:
             return False
-        if self._pending_under(inode.ino, list(self.queue.failed)):
-            raise FsError(errno.EIO, "a file below failed to upload for good (see "
-                                     "`ckptfs status`): the tree is incomplete")
+        self._refuse_if_failed_below(inode.ino)
         if not self.oplog.pending_of("seal", inode.ino):
             parent = self.ns.get(inode.parent)
             self.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
