@@ -18,7 +18,6 @@ import hashlib
 import logging
 import mmap
 import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import trio
 
+from .buffers import BufferPool
 from .errors import FsError
 from .remote import chunk_key
 from .retrypolicy import RetryPolicy
@@ -40,37 +40,12 @@ VERIFY_RETRY = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)
 DIRECT_ALIGN = 4096        # O_DIRECT: buffer address, offset and length in these units
 
 
-class AlignedBuffers:
-    """Page-aligned buffers (anonymous ``mmap``) by size, reused: an ``O_DIRECT`` write
-    needs an aligned source, and a reused buffer's pages are already there.  At most
-    ``keep`` free buffers of each size are kept.  Thread-safe."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._free: dict[int, list[mmap.mmap]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> mmap.mmap:
-        with self._lock:
-            free = self._free.get(size)
-            if free:
-                return free.pop()
-        return mmap.mmap(-1, size)
-
-    def give(self, buf: mmap.mmap) -> None:
-        with self._lock:
-            free = self._free.setdefault(len(buf), [])
-            if len(free) < self.keep:
-                free.append(buf)
-                return
-        buf.close()
-
-
-def write_file_direct(path: Path, body, buffers: AlignedBuffers) -> bool:
-    """Write ``body`` as the whole new file ``path`` with ``O_DIRECT`` (no page cache):
-    True if done, False if not possible here (length not aligned, or the file system
-    refuses ``O_DIRECT``): the caller writes it the ordinary way."""
-    n = len(body)
+def write_file_direct(path: Path, view: memoryview) -> bool:
+    """Write ``view`` (a page-aligned buffer's first bytes) as the whole new file ``path``
+    with ``O_DIRECT`` (no page cache): True if done, False if not possible here (length
+    not aligned, or the file system refuses ``O_DIRECT``): the caller writes it the
+    ordinary way."""
+    n = len(view)
     if n == 0 or n % DIRECT_ALIGN:
         return False
     try:
@@ -79,16 +54,13 @@ def write_file_direct(path: Path, body, buffers: AlignedBuffers) -> bool:
         if exc.errno == errno.EINVAL:       # tmpfs and friends
             return False
         raise
-    buf = buffers.take(n)
     done = 0
     try:
-        buf[:] = body
-        with memoryview(buf) as view:
-            while done < n:
-                written = os.pwrite(fd, view[done:], done)
-                if written <= 0 or written % DIRECT_ALIGN:
-                    raise OSError(errno.EIO, f"short O_DIRECT write to {path.name}")
-                done += written
+        while done < n:
+            written = os.pwrite(fd, view[done:], done)
+            if written <= 0 or written % DIRECT_ALIGN:
+                raise OSError(errno.EIO, f"short O_DIRECT write to {path.name}")
+            done += written
         return True
     except OSError as exc:
         if exc.errno == errno.EINVAL and done == 0:
@@ -96,7 +68,6 @@ def write_file_direct(path: Path, body, buffers: AlignedBuffers) -> bool:
         raise
     finally:
         os.close(fd)
-        buffers.give(buf)
 
 
 class ChunkCache:
@@ -104,7 +75,7 @@ class ChunkCache:
 
     def __init__(self, root: Path, store: ObjectStore, limit: int,
                  fetch_limiter: trio.CapacityLimiter, verify: RetryPolicy = VERIFY_RETRY,
-                 hot_limit: int = 96 << 20) -> None:
+                 hot_limit: int = 96 << 20, buffers: BufferPool | None = None) -> None:
         self.root = root
         self.store = store
         self.limit = limit
@@ -119,14 +90,16 @@ class ChunkCache:
         self.corrupt_events = 0
         self.hits = self.misses = self.evictions = 0     # metrics.py reads them
         self._doomed: list[Path] = []     # evicted chunk files still to unlink
-        # Freshly fetched chunks in memory: sha -> [body, bytes served so far]; dropped
-        # once every byte was served (the kernel page cache has them then), oldest first
-        # above ``hot_limit`` bytes.  The cache file always has the chunk too.
+        # Freshly fetched chunks in memory: sha -> [buffer, bytes served, length]; dropped
+        # (the buffer back to the pool) once every byte was served (the kernel page cache
+        # has them then), oldest first above ``hot_limit`` bytes.  The cache file always
+        # has the chunk too.
         self.hot_limit = hot_limit
         self._hot: OrderedDict[str, list] = OrderedDict()
         self.hot_bytes = 0
         self.served_from_memory = 0
-        self._direct = AlignedBuffers(keep=int(fetch_limiter.total_tokens))
+        # Chunks are received into reused buffers (buffers.py), shared with the uploader.
+        self.buffers = buffers or BufferPool(8 << 20, keep=int(fetch_limiter.total_tokens))
         root.mkdir(parents=True, exist_ok=True)
         for path in root.glob("*/*"):
             if path.name.startswith("."):
@@ -148,11 +121,11 @@ class ChunkCache:
         and close)."""
         hot = self._hot.get(sha)
         if hot is not None:
-            body = hot[0]
-            piece = body[offset:offset + length]
+            buf, _, size = hot
+            piece = buf[offset:min(offset + length, size)]
             hot[1] += len(piece)
             self.served_from_memory += len(piece)
-            if hot[1] >= len(body):
+            if hot[1] >= size:
                 self._drop_hot(sha)
             return piece
         fd = self._fds.get(sha)
@@ -166,18 +139,20 @@ class ChunkCache:
             self._fds.move_to_end(sha)
         return os.pread(fd, length, offset)
 
-    def _keep_hot(self, sha: str, body: bytes) -> None:
-        if len(body) > self.hot_limit:
+    def _keep_hot(self, sha: str, buf, size: int) -> None:
+        if size > self.hot_limit or sha in self._hot:
+            self.buffers.give(buf)
             return
-        self._hot[sha] = [body, 0]
-        self.hot_bytes += len(body)
+        self._hot[sha] = [buf, 0, size]
+        self.hot_bytes += size
         while self.hot_bytes > self.hot_limit:
             self._drop_hot(next(iter(self._hot)))
 
     def _drop_hot(self, sha: str) -> None:
         hot = self._hot.pop(sha, None)
         if hot is not None:
-            self.hot_bytes -= len(hot[0])
+            self.hot_bytes -= hot[2]
+            self.buffers.give(hot[0])
 
     def _close_fd(self, sha: str) -> None:
         fd = self._fds.pop(sha, None)
@@ -237,10 +212,10 @@ class ChunkCache:
         event = self._inflight[sha] = trio.Event()
         self._failed.pop(sha, None)
         try:
-            path, body = await self._fetch(sha, length)
+            path, buf = await self._fetch(sha, length)
             self._lru[sha] = length
             self.total += length
-            self._keep_hot(sha, body)
+            self._keep_hot(sha, buf, length)
             self._evict()
             await self.collect()
             return path
@@ -252,18 +227,18 @@ class ChunkCache:
             del self._inflight[sha]
             event.set()
 
-    async def _fetch(self, sha: str, length: int) -> tuple[Path, bytes]:
+    async def _fetch(self, sha: str, length: int) -> tuple[Path, mmap.mmap]:
         path = self.path(sha)
         attempt = 0
         while True:
             attempt += 1
             async with self.limiter:
                 try:
-                    body = await trio.to_thread.run_sync(self._fetch_sync, sha, length, path)
+                    buf = await trio.to_thread.run_sync(self._fetch_sync, sha, length, path)
                 except StoreError as exc:
                     raise FsError(errno.EIO, f"chunk {sha[:12]}: {exc}") from None
-            if body is not None:
-                return path, body
+            if buf is not None:
+                return path, buf
             self.corrupt_events += 1
             log.error("chunk %s from the store failed verification (attempt %d/%s)",
                       sha, attempt, self.verify.attempts or "-")
@@ -271,22 +246,29 @@ class ChunkCache:
                 raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
             await trio.sleep(self.verify.delay(attempt))
 
-    def _fetch_sync(self, sha: str, length: int, path: Path) -> bytes | None:
-        """GET, verify and store one chunk: its verified body, or None if corrupt."""
+    def _fetch_sync(self, sha: str, length: int, path: Path) -> mmap.mmap | None:
+        """GET, verify and store one chunk: the pool buffer holding it verified, or None
+        if it was corrupt.  If the GET fails the buffer is dropped, not given back: an
+        attempt that timed out may still be writing into it (buffers.py)."""
         started = time.monotonic()
-        body, _ = self.store.get(chunk_key(sha))
+        buf = self.buffers.take(length)
+        received, _ = self.store.get_into(chunk_key(sha), buf)
         got = time.monotonic()
-        if len(body) != length or hashlib.sha256(body).hexdigest() != sha:
+        with memoryview(buf) as whole, whole[:length] as view:
+            good = received == length and hashlib.sha256(view).hexdigest() == sha
+            if good:
+                path.parent.mkdir(exist_ok=True)
+                tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
+                if not write_file_direct(tmp, view):
+                    with open(tmp, "wb") as f:
+                        f.write(view)
+                os.replace(tmp, path)
+        if not good:
+            self.buffers.give(buf)
             return None
-        path.parent.mkdir(exist_ok=True)
-        tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
-        if not write_file_direct(tmp, body, self._direct):
-            with open(tmp, "wb") as f:
-                f.write(body)
-        os.replace(tmp, path)
         log.debug("fetched chunk %s: GET %.3fs, verify+store %.3fs, %d in flight", sha[:12],
                   got - started, time.monotonic() - got, len(self._inflight))
-        return body
+        return buf
 
     def _evict(self) -> None:
         if self.total <= self.limit:

@@ -234,7 +234,7 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                         endpoint_url=settings.endpoint_url,
                         single_writer=settings.single_writer, config=config,
                         metrics_address=settings.metrics_address,
-                        retention=settings.retention)
+                        retention=settings.retention, s3_client=settings.s3_client)
     ready_fd = args.ready_fd
 
     def on_ready() -> None:

@@ -90,6 +90,12 @@ def parse_durability(value) -> str:
     return value
 
 
+def parse_s3_client(value) -> str:
+    if value not in ("direct", "boto3"):
+        raise ConfigError(f"s3_client must be 'direct' or 'boto3', not {value!r}")
+    return value
+
+
 def _count(low: int, high: int):
     def parse(value) -> int:
         n = _finite(value, "a whole number")
@@ -233,6 +239,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_staged", int | None, None, _size_between(1 << 20, 1 << 60),
             "async mode: closed bytes not yet uploaded past which writers wait for uploads "
             "(default: half the state dir's free space at mount)"),
+    # How chunk bytes move to and from S3 (decision 0014): "direct" sends PUT/GET of
+    # whole objects over http.client with botocore's signer; "boto3" uses boto3 for all.
+    Setting("s3_client", str, "direct", parse_s3_client,
+            "S3 client for object bytes: direct (lean, default) or boto3", "choice",
+            ("direct", "boto3")),
     # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
     Setting("metrics_address", str | None, None, parse_metrics_address,
             "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),

@@ -30,6 +30,7 @@ from .namespace import ROOT_INO, Namespace
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
+from .buffers import BufferPool
 from .cache import ChunkCache
 from .staging import Staging
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
@@ -53,6 +54,7 @@ class MountOptions:
     config: Config | None = None
     metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
     retention: tuple = ()                   # retention.Rule per [[retention]] table
+    s3_client: str = "direct"               # config.SETTINGS "s3_client"
 
 
 SOCKET_DIR = Path("/run/ckptfs")
@@ -125,9 +127,9 @@ def prepare_state_dir(state_dir: Path) -> None:
 
 
 def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
-                wrap=None, timeout: float = 60.0) -> RetryingStore:
+                wrap=None, timeout: float = 60.0, s3_client: str = "direct") -> RetryingStore:
     try:
-        raw = open_store(url, endpoint_url, timeout)
+        raw = open_store(url, endpoint_url, timeout, s3_client)
     except ValueError as exc:
         raise MountError(str(exc)) from None
     if wrap is not None:
@@ -273,7 +275,7 @@ class Daemon:
         """The store, probed (format, conditional writes); the store's settle time wins."""
         opts = self.opts
         store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
-                            self.config.store_timeout)
+                            self.config.store_timeout, opts.s3_client)
         fmt = await trio.to_thread.run_sync(probe_store, store, opts.single_writer,
                                             self.config.chunk_size, self.config.gc_settle)
         if fmt.chunk_size is not None and fmt.chunk_size != self.config.chunk_size:
@@ -305,8 +307,12 @@ class Daemon:
         store = await self._open_store()
         ns = self._open_namespace(store)
         staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
+        # One pool of chunk buffers for fetches and uploads (buffers.py).
+        buffers = BufferPool(self.config.chunk_size, keep=max(
+            self.config.upload_concurrency, self.config.fetch_concurrency))
         cache = ChunkCache(opts.state_dir / "cache", store, self.config.cache_size,
-                           trio.CapacityLimiter(self.config.fetch_concurrency))
+                           trio.CapacityLimiter(self.config.fetch_concurrency),
+                           buffers=buffers)
         control_path = control_socket_path(opts.state_dir)
         try:
             async with trio.open_nursery() as nursery:

@@ -324,6 +324,9 @@ class GuardedStore:
     def get(self, key: str) -> tuple[bytes, str]:
         return self.inner.get(key)
 
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        return self.inner.get_into(key, buffer)
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from .buffers import BufferPool
 from .liveness import ChunkLiveness
 from .remote import chunk_key
 from .store import ObjectStore, StoreTimeout
@@ -47,8 +48,11 @@ class ChunkUploader:
     def __init__(self, store: ObjectStore, liveness: ChunkLiveness,
                  limiter: trio.CapacityLimiter,
                  on_known: Callable[[str, int], None],
-                 slot: Callable[[], AbstractAsyncContextManager] | None = None) -> None:
+                 slot: Callable[[], AbstractAsyncContextManager] | None = None,
+                 buffers: BufferPool | None = None) -> None:
         self.store = store
+        # Chunks are read back into reused buffers (buffers.py), hashed and sent from them.
+        self.buffers = buffers or BufferPool(8 << 20, keep=8)
         self.slot = slot              # held around each upload (async mode yields)
         self.liveness = liveness
         self.limiter = limiter
@@ -71,16 +75,31 @@ class ChunkUploader:
         return sha, length
 
     def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
+        buf = self.buffers.take(length)
+        with memoryview(buf) as whole, whole[:length] as view:
+            result = self._upload_from(path, offset, length, view)
+        # Only now, the PUT returned: no attempt of it can still be reading the buffer.
+        # (An exception above drops the buffer instead: buffers.py.)
+        self.buffers.give(buf)
+        return result
+
+    def _upload_from(self, path: Path, offset: int, length: int,
+                     view: memoryview) -> tuple[str, bool, int, bool]:
         # Opened here, not shared: a handle's descriptor may be closed (and its number
         # reused) while a background publish is still reading.
         fd = os.open(path, os.O_RDONLY)
         try:
-            data = os.pread(fd, length, offset)
+            got = 0
+            while got < length:
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n <= 0:
+                    break
+                got += n
         finally:
             os.close(fd)
-        if len(data) != length:
+        if got != length:
             raise OSError(5, f"staging file shorter than expected at {offset}")
-        sha = hashlib.sha256(data).hexdigest()
+        sha = hashlib.sha256(view).hexdigest()
         action, generation = self.liveness.plan_upload(sha)
         if action == "skip":
             return sha, False, generation, True
@@ -88,7 +107,7 @@ class ChunkUploader:
         if action == "head" and self.store.exists(key):
             self.liveness.uploaded(sha, generation, action)
             return sha, False, generation, False
-        self.store.put(key, data, sha256=sha)
+        self.store.put(key, view, sha256=sha)
         self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
         return sha, True, generation, False
 

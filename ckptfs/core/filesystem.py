@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -78,7 +79,8 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         self.uploader = ChunkUploader(
             store, self.liveness, trio.CapacityLimiter(config.upload_concurrency),
             ns.chunk_mark,
-            slot=self._background_slot if config.durability == "async" else None)
+            slot=self._background_slot if config.durability == "async" else None,
+            buffers=cache.buffers)
         self._trickle = trio.CapacityLimiter(1)
         # Async mode's metadata log (decision 0012) and the epochs of pending publishes.
         self.oplog = MetaLog(ns, on_done=self._meta_done)
@@ -102,6 +104,10 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         """The in-memory tables the concern modules share."""
         self.handles: dict[int, Handle] = {}
         self.runtime: dict[int, Runtime] = {}
+        # The version the kernel page cache of an inode may hold; outlives the handles
+        # (an inode's Runtime goes with its last close), bounded: forgetting one only
+        # costs that file's cached pages at its next open.
+        self.page_versions: OrderedDict[int, object] = OrderedDict()
         self._next_fh = 1
         self.write_requests = 0
         self.read_requests = 0

@@ -126,7 +126,10 @@ class Runtime:
     session: Session | None = None
     trackers: dict[int, ChunkTracker] = field(default_factory=dict)   # closed ver -> chunks sent
     refs: dict[int, int] = field(default_factory=dict)        # staging ver -> users
-    page_version: object = None     # the version the kernel page cache may hold
+
+
+# Inodes whose page-cache version is remembered after their last close (core/write.py).
+PAGE_VERSIONS_KEPT = 65536
 
 
 class InodeState:

@@ -15,7 +15,7 @@ from ..errors import FsError
 from ..namespace import Inode
 from ..procstat import Opener
 from ..upload import ChunkTracker
-from .state import (Handle, Runtime, Session)
+from .state import (PAGE_VERSIONS_KEPT, Handle, Runtime, Session)
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +96,20 @@ class WritePath:
         may hold drops it (no keep_cache), and while readers of two versions are open,
         the newer ones bypass it (direct_io) so each reads its own version."""
         rt = self._rt(handle.ino)
+        pages = self.page_versions
         if handle.writable or rt.session is not None or handle.snapshot[0] == "live":
-            rt.page_version = None
+            pages.pop(handle.ino, None)
             return False, False
         version = self._snapshot_key(handle)
         others = {self._snapshot_key(self.handles[fh]) for fh in rt.handles
                   if fh != handle.fh and fh in self.handles}
         if others - {version}:
             return False, True
-        keep = rt.page_version == version
-        rt.page_version = version
+        keep = pages.get(handle.ino) == version
+        pages[handle.ino] = version
+        pages.move_to_end(handle.ino)
+        if len(pages) > PAGE_VERSIONS_KEPT:
+            pages.popitem(last=False)
         return keep, False
 
     @staticmethod

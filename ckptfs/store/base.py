@@ -76,6 +76,13 @@ class ObjectStore(Protocol):
     def get(self, key: str) -> tuple[bytes, str]:
         """Return (body, etag); raise NotFound."""
 
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        """Receive the object into ``buffer`` (writable, bytes-like): (its length, its
+        ETag); raise NotFound.  An object longer than the buffer leaves the buffer
+        undefined and returns its length (the caller sees the mismatch).  Lets a caller
+        reuse its buffers instead of a fresh object per GET (``copy_into`` is the
+        fallback of stores that cannot do better)."""
+
     def exists(self, key: str) -> bool: ...
 
     def list(self, prefix: str) -> Iterator[ListedObject]:
@@ -84,6 +91,14 @@ class ObjectStore(Protocol):
     def delete(self, key: str, if_match: str | None = None) -> None:
         """Remove ``key``; deleting a missing key is not an error.  With ``if_match``
         only if the key exists with that ETag, else ``PreconditionFailed``."""
+
+
+def copy_into(got: tuple[bytes, str], buffer) -> tuple[int, str]:
+    """``get_into`` for a store that only has ``get``: copy ``(body, etag)`` in."""
+    body, etag = got
+    if len(body) <= len(buffer):
+        memoryview(buffer)[:len(body)] = body
+    return len(body), etag
 
 
 def store_cause(exc: BaseException) -> BaseException | None:

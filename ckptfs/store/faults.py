@@ -108,6 +108,14 @@ class FaultInjectingStore:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
         return body, etag
 
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        rule = self._before("get", key)
+        n, etag = self.inner.get_into(key, buffer)
+        if rule is not None and rule.kind == "corrupt" and 0 < n <= len(buffer):
+            with memoryview(buffer) as view:
+                view[0] ^= 0xFF
+        return n, etag
+
     def exists(self, key: str) -> bool:
         self._before("exists", key)
         return self.inner.exists(key)

@@ -108,6 +108,25 @@ class LocalStore:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise NotFound(key) from None
 
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                etag = _local_etag_fd(f.fileno())
+                size = os.fstat(f.fileno()).st_size
+                if size > len(buffer):
+                    return size, etag
+                with memoryview(buffer) as view:
+                    got = 0
+                    while got < size:
+                        n = f.readinto(view[got:size])
+                        if not n:
+                            break
+                        got += n
+                return got, etag
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise NotFound(key) from None
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .base import ListedObject, NotFound, PreconditionFailed, StoreError
+from .base import ListedObject, NotFound, PreconditionFailed, StoreError, copy_into
 
 OPS = ("check", "put", "put_if_absent", "get", "exists", "list", "delete")
 
@@ -199,6 +199,9 @@ class MemoryStore:
                 raise NotFound(key)
             return obj.body, obj.etag
         return self._do(Call("get", key), act)
+
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        return copy_into(self.get(key), buffer)
 
     def exists(self, key: str) -> bool:
         return self._do(Call("exists", key), lambda: key in self._objects)

@@ -202,6 +202,11 @@ class RetryingStore:
     def get(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self.inner.get(key))
 
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        """As ``get``, into ``buffer``.  After a ``StoreTimeout`` or ``StoreClosed`` an
+        attempt may still be writing into ``buffer``: the caller must not reuse it."""
+        return self._call("get", key, lambda: self.inner.get_into(key, buffer))
+
     def exists(self, key: str) -> bool:
         return self._call("exists", key, lambda: self.inner.exists(key))
 
@@ -281,6 +286,11 @@ class CountingStore:
         body, etag = self.inner.get(key)
         self._count_get(key, len(body))
         return body, etag
+
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        n, etag = self.inner.get_into(key, buffer)
+        self._count_get(key, n)
+        return n, etag
 
     def _count_get(self, key: str, n: int) -> None:
         self.stats.add(gets=1, bytes_got=n, chunk_bytes_got=n if key.startswith("chunks/") else 0)

@@ -7,9 +7,12 @@ Knows nothing above the store protocol; retries are ``retry.RetryingStore``'s.
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Iterator
 
-from .base import ListedObject, NotFound, PreconditionFailed, StoreError, TransientStoreError
+from .base import (ListedObject, NotFound, PreconditionFailed, StoreError,
+                   TransientStoreError, copy_into)
+from .s3_http import ChunkHTTP
 
 
 def _prehashed_signer() -> str:
@@ -36,9 +39,11 @@ class S3Store:
     """An S3 bucket (and optional key prefix) through boto3."""
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None,
-                 max_pool: int = 32, timeout: float = 30.0) -> None:
+                 max_pool: int = 32, timeout: float = 30.0, direct: bool = True) -> None:
         """``timeout`` is the overall budget of one call (``store_timeout``): one
-        attempt's socket timeouts are scaled so that no attempt alone outlives it."""
+        attempt's socket timeouts are scaled so that no attempt alone outlives it.
+        ``direct``: PUT and GET of objects go through ``ChunkHTTP`` (decision 0014)
+        where the endpoint allows it (no proxy configured for it)."""
         import boto3
         from botocore.config import Config
 
@@ -61,6 +66,21 @@ class S3Store:
                           request_checksum_calculation="when_required",
                           response_checksum_validation="when_required"),
         )
+        self.direct: ChunkHTTP | None = None
+        endpoint = self.client.meta.endpoint_url
+        if direct and ChunkHTTP.usable_for(endpoint):
+            credentials = session.get_credentials()
+            self.direct = ChunkHTTP(
+                endpoint, bucket, self.client.meta.region_name or "us-east-1",
+                lambda: self._frozen(credentials), self.classify,
+                timeout=min(30.0, max(0.5, timeout / 2)), keep=max_pool)
+
+    @staticmethod
+    def _frozen(credentials):
+        if credentials is None:
+            raise StoreError("no AWS credentials found (set AWS_ACCESS_KEY_ID/"
+                             "AWS_SECRET_ACCESS_KEY or a profile)")
+        return credentials.get_frozen_credentials()
 
     def _k(self, key: str) -> str:
         return self.prefix + key
@@ -73,26 +93,32 @@ class S3Store:
                               "AWS_SECRET_ACCESS_KEY or a profile)")
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-            if code in ("PreconditionFailed", "412") or status == 412:
-                return PreconditionFailed(key)
-            if code in ("NoSuchKey", "404", "NotFound") and code != "NoSuchBucket":
-                return NotFound(key)
-            if code == "NoSuchBucket":
-                return StoreError(f"bucket {self.bucket!r} does not exist")
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                        "403", "InvalidToken", "ExpiredToken"):
-                return StoreError(f"access denied by the store ({code}): check credentials")
-            if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
-                                                           "RequestTimeout",
-                                                           "InternalError",
-                                                           "ServiceUnavailable"):
-                return TransientStoreError(f"{code or status} on {key}")
-            return StoreError(f"{code or status}: {err.get('Message', '')} ({key})")
+            return self.classify(str(err.get("Code", "")), status,
+                                 str(err.get("Message", "")), key)
         if isinstance(exc, (BotoConn, BotoCoreError, OSError)):
             return TransientStoreError(f"{type(exc).__name__}: {exc}")
         return StoreError(f"{type(exc).__name__}: {exc}")
+
+    def classify(self, code: str, status: int, message: str, key: str) -> StoreError:
+        """An S3 error (its ``Code``, HTTP status and ``Message``) in the store's terms;
+        the one mapping for boto3's errors and ``ChunkHTTP``'s."""
+        if code in ("PreconditionFailed", "412") or status == 412:
+            return PreconditionFailed(key)
+        if code == "NoSuchBucket":
+            return StoreError(f"bucket {self.bucket!r} does not exist")
+        if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and not code):
+            return NotFound(key)
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                    "403", "InvalidToken", "ExpiredToken") or (status == 403 and not code):
+            return StoreError(f"access denied by the store ({code or status}): check "
+                              "credentials")
+        if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
+                                                               "RequestTimeout",
+                                                               "InternalError",
+                                                               "ServiceUnavailable"):
+            return TransientStoreError(f"{code or status} on {key}")
+        return StoreError(f"{code or status}: {message} ({key})")
 
     def check(self) -> None:
         try:
@@ -107,6 +133,11 @@ class S3Store:
 
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:
+        if self.direct is not None:
+            digest = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
+            return self.direct.put(self._k(key), data, digest, if_match)
+        if not isinstance(data, bytes):
+            data = bytes(data)
         extra = {}
         if sha256 is not None:
             extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
@@ -136,11 +167,18 @@ class S3Store:
             raise self._translate(exc, key) from None
 
     def get(self, key: str) -> tuple[bytes, str]:
+        if self.direct is not None:
+            return self.direct.get(self._k(key))
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
             return r["Body"].read(), r.get("ETag", "")
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, key) from None
+
+    def get_into(self, key: str, buffer) -> tuple[int, str]:
+        if self.direct is not None:
+            return self.direct.get_into(self._k(key), buffer)
+        return copy_into(self.get(key), buffer)
 
     def exists(self, key: str) -> bool:
         try:

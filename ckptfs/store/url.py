@@ -18,9 +18,11 @@ class BadStoreURL(ValueError):
     pass
 
 
-def open_store(url: str, endpoint_url: str | None = None, timeout: float = 60.0) -> ObjectStore:
+def open_store(url: str, endpoint_url: str | None = None, timeout: float = 60.0,
+               s3_client: str = "direct") -> ObjectStore:
     """Build the raw store a URL names (no retries, no counting); ``timeout`` is the
-    overall budget of one call (an S3 client scales its socket timeouts to it)."""
+    overall budget of one call (an S3 client scales its socket timeouts to it);
+    ``s3_client`` says how object bytes move (``S3Store``)."""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
@@ -33,5 +35,6 @@ def open_store(url: str, endpoint_url: str | None = None, timeout: float = 60.0)
             raise BadStoreURL(f"bad store URL {url!r}: use s3://bucket/prefix")
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or \
             os.environ.get("AWS_ENDPOINT_URL")
-        return S3Store(parsed.netloc, parsed.path, endpoint, timeout=timeout)
+        return S3Store(parsed.netloc, parsed.path, endpoint, timeout=timeout,
+                       direct=s3_client == "direct")
     raise BadStoreURL(f"bad store URL {url!r}: expected file:///path or s3://bucket/prefix")

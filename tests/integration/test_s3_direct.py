@@ -1,0 +1,155 @@
+"""The direct S3 client (``store/s3_http.py``, decision 0014) against a real SeaweedFS:
+the bytes it moves are the bytes boto3 sees, and every failure comes back in the store
+protocol's terms (not found, access denied, missing bucket, transient) exactly as the
+boto3 path reports it — the retry layer above must not see a difference."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+
+import pytest
+
+from conftest import BUCKET
+from proxy import FaultProxy
+from ckptfs.store import (NotFound, PreconditionFailed, S3Store, StoreError,
+                          TransientStoreError, is_permanent)
+
+
+def _store(seaweed, endpoint=None, bucket=BUCKET, prefix=None, direct=True, timeout=30.0):
+    os.environ.update(seaweed.env())
+    store = S3Store(bucket, prefix or uuid.uuid4().hex[:12], endpoint or seaweed.endpoint_url,
+                    timeout=timeout, direct=direct)
+    assert (store.direct is not None) == direct
+    return store
+
+
+def _sha(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_direct_and_boto3_read_each_other_s_objects(seaweed):
+    direct = _store(seaweed)
+    boto = _store(seaweed, prefix=direct.prefix, direct=False)
+    data = os.urandom((8 << 20) + 5)
+    etag = direct.put("chunks/ab/one", memoryview(data), sha256=_sha(data))
+    assert boto.get("chunks/ab/one") == (data, etag)
+    other = os.urandom(3 << 20)
+    etag2 = boto.put("chunks/ab/two", other, sha256=_sha(other))
+    assert direct.get("chunks/ab/two") == (other, etag2)
+    # Names that need quoting in a URL reach the same key either way.
+    odd = "dirs/root/a b%2F+é?#x"
+    direct.put(odd, b"entry")
+    assert boto.get(odd)[0] == b"entry"
+    assert [o.key for o in boto.list("dirs/root/")] == [odd]
+
+
+def test_get_into_fills_the_buffer_and_reports_a_longer_object(seaweed):
+    store = _store(seaweed)
+    data = os.urandom(1 << 20)
+    etag = store.put("chunks/cd/x", data, sha256=_sha(data))
+    exact = bytearray(len(data))
+    assert store.get_into("chunks/cd/x", exact) == (len(data), etag)
+    assert exact == data
+    bigger = bytearray(len(data) + 4096)
+    assert store.get_into("chunks/cd/x", bigger)[0] == len(data)
+    assert bigger[:len(data)] == data
+    smaller = bytearray(len(data) // 2)
+    assert store.get_into("chunks/cd/x", smaller)[0] == len(data)
+    # The connection left unread was not reused: the next request is answered right.
+    assert store.get("chunks/cd/x") == (data, etag)
+    with pytest.raises(NotFound):
+        store.get_into("chunks/cd/missing", exact)
+
+
+def test_conditional_put_and_missing_keys(seaweed):
+    store = _store(seaweed)
+    first = store.put("dirs/root/a", b"one")
+    with pytest.raises(PreconditionFailed):
+        store.put("dirs/root/a", b"two", if_match='"0000"')
+    with pytest.raises(PreconditionFailed):
+        store.put("dirs/root/nothing", b"two", if_match=first)
+    with pytest.raises(NotFound):
+        store.get("dirs/root/nothing")
+    assert store.get("dirs/root/a")[0] == b"one"
+
+
+def test_a_body_that_does_not_match_its_digest_is_refused(seaweed):
+    store = _store(seaweed)
+    data = os.urandom(1 << 16)
+    with pytest.raises(StoreError) as info:
+        store.put("chunks/ef/bad", data, sha256=_sha(b"something else"))
+    assert is_permanent(info.value)     # BadDigest: the server checked the body
+    with pytest.raises(NotFound):
+        store.get("chunks/ef/bad")
+
+
+def test_wrong_credentials_and_missing_bucket_are_permanent_and_say_why(seaweed):
+    store = _store(seaweed)
+    store.direct.credentials = lambda: _Frozen("AKIDWRONG", "not-the-secret")
+    with pytest.raises(StoreError) as info:
+        store.put("chunks/aa/x", b"x" * 10, sha256=_sha(b"x" * 10))
+    assert is_permanent(info.value) and "access denied" in str(info.value)
+    with pytest.raises(StoreError) as info:
+        store.get("chunks/aa/x")
+    assert is_permanent(info.value) and "access denied" in str(info.value)
+    missing = _store(seaweed, bucket="no-such-bucket-" + uuid.uuid4().hex[:8])
+    with pytest.raises(StoreError) as info:
+        missing.get("chunks/aa/x")
+    assert is_permanent(info.value) and "does not exist" in str(info.value)
+
+
+class _Frozen:
+    def __init__(self, access_key: str, secret_key: str) -> None:
+        self.access_key, self.secret_key, self.token = access_key, secret_key, None
+
+
+@pytest.mark.parametrize("mode", ["503", "refuse", "reset"])
+def test_network_faults_are_transient(seaweed, mode):
+    proxy = FaultProxy(seaweed.s3_port, mode=mode)
+    try:
+        store = _store(seaweed, endpoint=proxy.endpoint_url)
+        data = os.urandom(1 << 20)
+        with pytest.raises(TransientStoreError):
+            store.put("chunks/12/x", data, sha256=_sha(data))
+        with pytest.raises(TransientStoreError):
+            store.get_into("chunks/12/x", bytearray(len(data)))
+    finally:
+        proxy.close()
+
+
+def test_a_hung_server_times_out_within_the_socket_timeout(seaweed):
+    proxy = FaultProxy(seaweed.s3_port, mode="hang")
+    try:
+        store = _store(seaweed, endpoint=proxy.endpoint_url, timeout=2.0)
+        started = time.monotonic()
+        with pytest.raises(TransientStoreError) as info:
+            store.get("chunks/12/x")
+        assert time.monotonic() - started < 10
+        assert "timeout" in str(info.value)
+    finally:
+        proxy.close()
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced_without_an_error(seaweed):
+    proxy = FaultProxy(seaweed.s3_port)
+    try:
+        store = _store(seaweed, endpoint=proxy.endpoint_url)
+        data = os.urandom(1 << 20)
+        store.put("chunks/34/x", data, sha256=_sha(data))
+        kept = proxy.accepted["pass"]
+        proxy.reset_all_and_next(0)       # idle keep-alive connections die
+        assert store.get("chunks/34/x")[0] == data
+        store.put("chunks/34/y", data, sha256=_sha(data))
+        assert proxy.accepted["pass"] == kept + 1     # one fresh connection, no error
+    finally:
+        proxy.close()
+
+
+def test_boto3_setting_keeps_every_call_on_boto3(seaweed):
+    store = _store(seaweed, direct=False)
+    data = os.urandom(1000)
+    store.put("chunks/56/x", memoryview(data), sha256=_sha(data))
+    assert store.get_into("chunks/56/x", bytearray(2000))[0] == 1000
