@@ -176,6 +176,9 @@ def main() -> int:
     p.add_argument("--big-size", type=int, default=256, help="MiB")
     p.add_argument("--rate", type=int, default=250)
     p.add_argument("--native", action="store_true")
+    p.add_argument("--writes", type=int, default=1,
+                   help="write the workload this many times, each from a new mount "
+                        "(later writes find a store that already holds data)")
     args = p.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -200,31 +203,33 @@ def main() -> int:
             return mnt
 
         try:
-            mnt = mount("writer")
-            pid = daemon_pid(mnt, env)
-            spy = record(pid, out / "write.txt", args.rate, args.native)
-            cpu0 = cpu_split(pid)
-            threads0 = thread_cpu(pid)
-            t0 = time.perf_counter()
-            blocked = write_tree(mnt / "ckpt", workload, "prof")
-            cli(env, "wait", str(mnt))
-            durable = time.perf_counter() - t0
-            cpu = tuple(b - a for a, b in zip(cpu0, cpu_split(pid)))
-            threads = thread_report(threads0, thread_cpu(pid), gib)
-            stop(spy)
-            report.append(f"write ({args.durability}): blocked {blocked:.2f}s durable "
-                          f"{durable:.2f}s for {gib:.2f} GiB")
-            report.append(summarize(out / "write.txt", args.rate, gib, cpu, "write path"))
-            report.extend(threads)
-            cli(env, "umount", str(mnt))
-            mounts.remove(mnt)
+            for i in range(args.writes):
+                mnt = mount(f"writer-{i}")
+                pid = daemon_pid(mnt, env)
+                spy = record(pid, out / f"write-{i}.txt", args.rate, args.native)
+                cpu0 = cpu_split(pid)
+                threads0 = thread_cpu(pid)
+                t0 = time.perf_counter()
+                blocked = write_tree(mnt / f"ckpt-{i}", workload, f"prof-{i}")
+                cli(env, "wait", str(mnt))
+                durable = time.perf_counter() - t0
+                cpu = tuple(b - a for a, b in zip(cpu0, cpu_split(pid)))
+                threads = thread_report(threads0, thread_cpu(pid), gib)
+                stop(spy)
+                report.append(f"write {i + 1}/{args.writes} ({args.durability}): blocked "
+                              f"{blocked:.2f}s durable {durable:.2f}s for {gib:.2f} GiB")
+                report.append(summarize(out / f"write-{i}.txt", args.rate, gib, cpu,
+                                        "write path"))
+                report.extend(threads)
+                cli(env, "umount", str(mnt))
+                mounts.remove(mnt)
 
             mnt = mount("reader")
             pid = daemon_pid(mnt, env)
             spy = record(pid, out / "cold_read.txt", args.rate, args.native)
             cpu0 = cpu_split(pid)
             threads0 = thread_cpu(pid)
-            seconds = read_tree(mnt / "ckpt", workload)
+            seconds = read_tree(mnt / "ckpt-0", workload)
             cpu = tuple(b - a for a, b in zip(cpu0, cpu_split(pid)))
             threads = thread_report(threads0, thread_cpu(pid), gib)
             stop(spy)
