@@ -53,6 +53,7 @@ class ChunkUploader:
         self.store = store
         # Chunks are read back into reused buffers (buffers.py), hashed and sent from them.
         self.buffers = buffers or BufferPool(8 << 20, keep=8)
+        self.drop_pages = True        # see _upload_from and drop_staged_pages
         self.slot = slot              # held around each upload (async mode yields)
         self.liveness = liveness
         self.limiter = limiter
@@ -86,7 +87,8 @@ class ChunkUploader:
     def _upload_from(self, path: Path, offset: int, length: int,
                      view: memoryview) -> tuple[str, bool, int, bool]:
         # Opened here, not shared: a handle's descriptor may be closed (and its number
-        # reused) while a background publish is still reading.
+        # reused) while a background publish is still reading.  Not held during the
+        # PUT: a staging file removed meanwhile must give its space back at once.
         fd = os.open(path, os.O_RDONLY)
         try:
             got = 0
@@ -99,6 +101,15 @@ class ChunkUploader:
             os.close(fd)
         if got != length:
             raise OSError(5, f"staging file shorter than expected at {offset}")
+        result = self._send(view)
+        if self.drop_pages:
+            # The chunk is in the store: its staging pages need not stay in memory.
+            # Starts their writeback now; clean ones go at once, the rest when the
+            # publish drops the file's pages again (drop_staged_pages).
+            drop_staged_pages(path, offset, length)
+        return result
+
+    def _send(self, view: memoryview) -> tuple[str, bool, int, bool]:
         sha = hashlib.sha256(view).hexdigest()
         action, generation = self.liveness.plan_upload(sha)
         if action == "skip":
@@ -110,6 +121,22 @@ class ChunkUploader:
         self.store.put(key, view, sha256=sha)
         self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
         return sha, True, generation, False
+
+
+def drop_staged_pages(path: Path, offset: int = 0, length: int = 0) -> None:
+    """Drop clean pages of a staging file (a range of it; all with ``length`` 0) from the
+    page cache and start writeback of the dirty ones (blocking: run it in a thread).  A
+    checkpoint is written once and read rarely on the node that wrote it; its pages would
+    push the training job's own out of memory, and pages freed here are what the next
+    checkpoint's writes reuse (decision 0014).  A file already gone is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import trio
 from ..errors import FsError
 from ..namespace import Inode
 from ..procstat import holds_for_writing
-from ..upload import chunk_list
+from ..upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from .state import (Handle, Runtime, Session)
 
@@ -277,6 +277,9 @@ class Publish:
             if inode.local_copy and rt.session is None:
                 self.cache.track_local(ino, size)
             self.ns.save(inode)
+            local_copy = inode.local_copy
+        if local_copy and self.uploader.drop_pages:
+            await trio.to_thread.run_sync(drop_staged_pages, self.staging.path(ino, ver))
         await self.cache.collect()
         self.uploader.stats.publishes += 1
         self.observe("publish", time.monotonic() - started)

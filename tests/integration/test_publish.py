@@ -288,3 +288,27 @@ def test_control_client_that_goes_away_does_not_stop_the_daemon(local_store, mak
     from conftest import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
     assert (mnt.path / "pending").read_bytes() == b"x"
+
+
+
+def _resident_bytes(path) -> int:
+    """Bytes of ``path`` in the page cache (util-linux ``fincore``: mincore(2))."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                          str(path)], check=True, capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def test_published_staging_files_leave_the_page_cache(s3_store, make_mount):
+    """Decision 0014: once a file is in the store, its staging pages are dropped (they
+    would crowd out the training job's memory; fresh pages cost more than reused ones).
+    The bytes stay readable, from the local copy on disk."""
+    mnt = make_mount(s3_store)
+    data = os.urandom(48 * MiB)
+    with open(mnt.path / "model.bin", "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())           # clean pages: droppable at once
+    staged = [p for p in (mnt.state_dir / "staging").rglob("*") if p.is_file()
+              and p.stat().st_size == len(data)]
+    assert len(staged) == 1
+    assert _resident_bytes(staged[0]) < 8 * MiB
+    assert (mnt.path / "model.bin").read_bytes() == data
