@@ -356,7 +356,11 @@ class Bench:
         self.open_store()
         try:
             for rnd in range(self.args.rounds):
-                for system in self.args.systems:
+                # Every other round runs the systems in reverse order: on a shared VM a
+                # system run later in a round meets a busier page cache (and fresher,
+                # costlier pages), and each ratio compares two systems of one round.
+                order = self.args.systems if rnd % 2 == 0 else self.args.systems[::-1]
+                for system in order:
                     print(f"bench: round {rnd + 1}/{self.args.rounds}: {system}",
                           file=sys.stderr, flush=True)
                     if system == "local":
