@@ -143,6 +143,16 @@ with open(sys.argv[1], "rb", buffering=0) as f:
 """
 
 
+def time_readers(target: Path, readers: int) -> float:
+    """Seconds until ``readers`` processes started at once have each read ``target``."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", READER, str(target)])
+             for _ in range(readers)]
+    for p in procs:
+        p.wait()
+    return time.perf_counter() - t0
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -190,6 +200,12 @@ class Bench:
         drop_page_cache(root)
         self.record("local", "cold_read", read_tree(root, self.workload))
         self.record("local", "warm_read", read_tree(root, self.workload))
+        if not self.args.quick and self.workload.big_files:
+            # The same 1 and 8 reader processes over a local file in the page cache:
+            # what 8 readers cost this machine with no file system work at all.
+            target = root / self.workload.files()[0][0]
+            for readers in (1, 8):
+                self.record("local", f"{readers}_readers", time_readers(target, readers))
         shutil.rmtree(root)
 
     def start_passthrough(self, source: Path, mnt: Path) -> subprocess.Popen:
@@ -339,12 +355,7 @@ class Bench:
                 target = mnt / f"ckpt-{name}" / self.workload.files()[0][0]
                 target.parent.stat()
                 before = daemon_status(mnt, self.env)["store_stats"]["chunk_bytes_got"]
-                t0 = time.perf_counter()
-                procs = [subprocess.Popen([sys.executable, "-c", READER, str(target)])
-                         for _ in range(readers)]
-                for p in procs:
-                    p.wait()
-                self.record(system, f"{readers}_readers", time.perf_counter() - t0)
+                self.record(system, f"{readers}_readers", time_readers(target, readers))
                 fetched = daemon_status(mnt, self.env)["store_stats"]["chunk_bytes_got"] - before
                 self.record(system, f"{readers}_readers_fetched_x",
                             fetched / self.workload.big_size)
@@ -441,6 +452,12 @@ def ratios(summary: dict) -> list[str]:
             line(f"{mode}: warm read throughput / local disk",
                  local["warm_read"] / m["warm_read"], ">= 0.8x",
                  local["warm_read"] / m["warm_read"] >= 0.8)
+    # What this machine allows at all: the same measures with no ckptfs in the way.
+    ratio("floor: 8 readers / 1 reader of a local file (page cache)", local.get("8_readers"),
+          local.get("1_readers"), None, "-")
+    if passthrough.get("warm_read") and local.get("warm_read"):
+        line("floor: passthrough warm read throughput / local disk",
+             local["warm_read"] / passthrough["warm_read"], "-", None)
     return lines
 
 
