@@ -403,19 +403,8 @@ def ratios(summary: dict) -> list[str]:
     local = med.get("local", {})
     passthrough = med.get("passthrough", {})
     boto = med.get("boto3", {})
-    lines = []
-
-    def line(label: str, value: float | None, target: str, met: bool | None) -> None:
-        if value is None:
-            return
-        verdict = "" if met is None else ("  ok" if met else "  MISSED")
-        lines.append(f"  {label:<58} {value:8.2f}   (target {target}){verdict}")
-
-    def ratio(label: str, a, b, limit: float | None, target: str) -> None:
-        if a is None or not b:
-            return
-        value = a / b
-        line(label, value, target, None if limit is None else value <= limit)
+    lines: list[str] = []
+    line, ratio = _liners(lines)
 
     for mode in ("async", "sync"):
         m = med.get(f"ckptfs-{mode}", {})
@@ -452,7 +441,30 @@ def ratios(summary: dict) -> list[str]:
             line(f"{mode}: warm read throughput / local disk",
                  local["warm_read"] / m["warm_read"], ">= 0.8x",
                  local["warm_read"] / m["warm_read"] >= 0.8)
-    # What this machine allows at all: the same measures with no ckptfs in the way.
+    return lines + floors(local, passthrough)
+
+
+def _liners(lines: list[str]):
+    """``line(label, value, target, met)`` and ``ratio(label, a, b, limit, target)``,
+    appending formatted rows to ``lines``."""
+    def line(label: str, value: float | None, target: str, met: bool | None) -> None:
+        if value is None:
+            return
+        verdict = "" if met is None else ("  ok" if met else "  MISSED")
+        lines.append(f"  {label:<58} {value:8.2f}   (target {target}){verdict}")
+
+    def ratio(label: str, a, b, limit: float | None, target: str) -> None:
+        if a is None or not b:
+            return
+        value = a / b
+        line(label, value, target, None if limit is None else value <= limit)
+    return line, ratio
+
+
+def floors(local: dict, passthrough: dict) -> list[str]:
+    """What this machine allows at all: the same measures with no ckptfs in the way."""
+    lines: list[str] = []
+    line, ratio = _liners(lines)
     ratio("floor: 8 readers / 1 reader of a local file (page cache)", local.get("8_readers"),
           local.get("1_readers"), None, "-")
     if passthrough.get("warm_read") and local.get("warm_read"):
