@@ -146,19 +146,36 @@ class Publish:
         if session.failed:
             raise FsError(session.failed, "an earlier write failed")
         fd = self.staging.fd(handle.ino, session.ver)
-        await trio.to_thread.run_sync(os.fsync, fd)
-        await self._sync_journal()
-        if self.config.durability == "sync":
-            size = self.staging.size(handle.ino, session.ver)
-            self._ref(rt, session.ver)
+        if self.config.durability != "sync":
+            await trio.to_thread.run_sync(os.fsync, fd)
+            await self._sync_journal()
+            return
+        # Sync mode: the staging file reaches the disk while the chunks reach the store
+        # (both must be done before fsync returns; neither waits for the other).
+        size = self.staging.size(handle.ino, session.ver)
+        failures: list[Exception] = []
+
+        async def to_disk() -> None:
             try:
-                await chunk_list(self.uploader, session.tracker,
-                                 self.staging.path(handle.ino, session.ver), size,
-                                 self.config.chunk_size)
-            except StoreError as exc:
-                raise FsError(errno.EIO, f"upload failed: {exc}") from None
-            finally:
-                self._unref(handle.ino, rt, session.ver)
+                await trio.to_thread.run_sync(os.fsync, fd)
+                await self._sync_journal()
+            except Exception as exc:  # raised below, after the uploads ended too
+                failures.append(exc)
+
+        self._ref(rt, session.ver)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(to_disk)
+                try:
+                    await chunk_list(self.uploader, session.tracker,
+                                     self.staging.path(handle.ino, session.ver), size,
+                                     self.config.chunk_size)
+                except StoreError as exc:
+                    failures.append(FsError(errno.EIO, f"upload failed: {exc}"))
+        finally:
+            self._unref(handle.ino, rt, session.ver)
+        if failures:
+            raise failures[0] from None
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino in self._held_pointers:
