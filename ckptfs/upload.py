@@ -77,10 +77,13 @@ class ChunkUploader:
 
     def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
         buf = self.buffers.take(length)
-        with memoryview(buf) as whole, whole[:length] as view:
-            result = self._upload_from(path, offset, length, view)
+        view = memoryview(buf)[:length]
+        # On an exception the view is left alone (not released) and the buffer dropped:
+        # a timed-out PUT attempt may still be sending from it, and releasing a view a
+        # send holds raises BufferError in place of the store's error (buffers.py).
+        result = self._upload_from(path, offset, length, view)
         # Only now, the PUT returned: no attempt of it can still be reading the buffer.
-        # (An exception above drops the buffer instead: buffers.py.)
+        view.release()
         self.buffers.give(buf)
         return result
 
