@@ -205,7 +205,15 @@ class ChunkHTTP:
                     conn.putheader(name, value)
                 conn.endheaders()
                 if body is not None and len(body):
-                    conn.sock.sendall(body)
+                    try:
+                        conn.sock.sendall(body)
+                    except (BrokenPipeError, ConnectionResetError):
+                        # The server may have refused the request from its headers and
+                        # closed without reading the body: its answer says why.
+                        early = _early_answer(conn)
+                        if early is None:
+                            raise
+                        return _Response(conn, early)
                 return _Response(conn, conn.getresponse())
             except (http.client.RemoteDisconnected, BrokenPipeError,
                     ConnectionResetError) as exc:
@@ -233,6 +241,19 @@ class ChunkHTTP:
         else:
             response.raw.close()
             response.conn.close()
+
+
+def _early_answer(conn: http.client.HTTPConnection) -> http.client.HTTPResponse | None:
+    """The error response a server sent before it stopped reading our body, if it did
+    (a success cannot come before the whole body): None otherwise."""
+    try:
+        response = conn.getresponse()
+    except (OSError, http.client.HTTPException):
+        return None
+    if 200 <= response.status < 300:
+        response.close()
+        return None
+    return response
 
 
 def _transient(exc: BaseException, method: str, key: str) -> TransientStoreError:
