@@ -35,6 +35,19 @@ def _prehashed_signer() -> str:
     return name
 
 
+def _ca_bundle(session) -> str:
+    """The CA certificates file boto3's client verifies HTTPS endpoints with: botocore's
+    ``ca_bundle`` setting (``AWS_CA_BUNDLE`` or the config file), else
+    ``REQUESTS_CA_BUNDLE``, else botocore's default bundle (as botocore resolves it)."""
+    import os
+
+    from botocore.httpsession import get_cert_path
+
+    verify = session._session.get_config_variable("ca_bundle") or \
+        os.environ.get("REQUESTS_CA_BUNDLE") or True
+    return get_cert_path(verify)
+
+
 class S3Store:
     """An S3 bucket (and optional key prefix) through boto3."""
 
@@ -73,7 +86,8 @@ class S3Store:
             self.direct = ChunkHTTP(
                 endpoint, bucket, self.client.meta.region_name or "us-east-1",
                 lambda: self._frozen(credentials), self.classify,
-                timeout=min(30.0, max(0.5, timeout / 2)), keep=max_pool)
+                timeout=min(30.0, max(0.5, timeout / 2)), keep=max_pool,
+                ca_bundle=_ca_bundle(session))
 
     @staticmethod
     def _frozen(credentials):

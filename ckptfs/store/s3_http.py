@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import http.client
 import logging
+import ssl
 import threading
 import urllib.parse
 import urllib.request
@@ -48,11 +49,13 @@ def _signer_class():
 class _Connections:
     """Idle keep-alive connections to one endpoint, reused last-in first-out."""
 
-    def __init__(self, scheme: str, netloc: str, timeout: float, keep: int) -> None:
+    def __init__(self, scheme: str, netloc: str, timeout: float, keep: int,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.scheme = scheme
         self.netloc = netloc
         self.timeout = timeout
         self.keep = keep
+        self.ssl_context = ssl_context
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
@@ -61,9 +64,11 @@ class _Connections:
         with self._lock:
             if self._idle:
                 return self._idle.pop(), True
-        cls = http.client.HTTPSConnection if self.scheme == "https" else \
-            http.client.HTTPConnection
-        conn = cls(self.netloc, timeout=self.timeout)
+        if self.scheme == "https":
+            conn = http.client.HTTPSConnection(self.netloc, timeout=self.timeout,
+                                               context=self.ssl_context)
+        else:
+            conn = http.client.HTTPConnection(self.netloc, timeout=self.timeout)
         return conn, False
 
     def give(self, conn: http.client.HTTPConnection) -> None:
@@ -97,7 +102,11 @@ class ChunkHTTP:
     def __init__(self, endpoint_url: str, bucket: str, region: str,
                  credentials: Callable[[], object],
                  classify: Callable[[str, int, str, str], StoreError],
-                 timeout: float, keep: int = 32) -> None:
+                 timeout: float, keep: int = 32,
+                 ca_bundle: str | None = None) -> None:
+        """``ca_bundle``: the CA certificates file boto3 verifies the endpoint with (its
+        ``verify`` setting resolved: ``AWS_CA_BUNDLE``, ``ca_bundle``, ...); None: the
+        system's."""
         parts = urllib.parse.urlsplit(endpoint_url)
         self.base_path = parts.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="")
         self.origin = f"{parts.scheme}://{parts.netloc}"
@@ -106,7 +115,9 @@ class ChunkHTTP:
         self.credentials = credentials
         self.classify = classify
         self._signer = _signer_class()
-        self._pool = _Connections(parts.scheme, parts.netloc, timeout, keep)
+        context = ssl.create_default_context(cafile=ca_bundle) \
+            if parts.scheme == "https" else None
+        self._pool = _Connections(parts.scheme, parts.netloc, timeout, keep, context)
 
     @staticmethod
     def usable_for(endpoint_url: str | None) -> bool:
