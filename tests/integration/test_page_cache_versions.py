@@ -1,0 +1,62 @@
+"""The kernel page cache of a file is kept past its last close (decision 0014) only
+while the version it holds is the one a new reader opens: a reader must never see stale
+bytes after another node publishes a new version of the same size, after a rename over
+the file on either node, or after a local truncate and rewrite."""
+
+from __future__ import annotations
+
+import os
+
+from conftest import eventually
+
+SIZE = 256 << 10
+
+
+def _warm(path) -> bytes:
+    """Read twice (the second open keeps the page cache) and return the content."""
+    first = path.read_bytes()
+    assert path.read_bytes() == first
+    return first
+
+
+def test_a_same_size_version_from_another_node_is_seen(local_store, make_mount):
+    a = make_mount(local_store, name="a")
+    b = make_mount(local_store, name="b")
+    v1, v2 = os.urandom(SIZE), os.urandom(SIZE)
+    (a.path / "model.bin").write_bytes(v1)
+    assert eventually(lambda: (b.path / "model.bin").exists())
+    assert _warm(b.path / "model.bin") == v1
+    (a.path / "model.bin").write_bytes(v2)
+    assert eventually(lambda: (b.path / "model.bin").read_bytes() == v2)
+    assert _warm(b.path / "model.bin") == v2
+
+
+def test_a_rename_over_the_file_on_either_node_is_seen(local_store, make_mount):
+    a = make_mount(local_store, name="a")
+    b = make_mount(local_store, name="b")
+    v1, v2, v3 = (os.urandom(SIZE) for _ in range(3))
+    (a.path / "model.bin").write_bytes(v1)
+    assert eventually(lambda: (b.path / "model.bin").exists())
+    assert _warm(b.path / "model.bin") == v1
+    (a.path / "next.bin").write_bytes(v2)
+    os.rename(a.path / "next.bin", a.path / "model.bin")
+    assert eventually(lambda: (b.path / "model.bin").read_bytes() == v2)
+    assert _warm(b.path / "model.bin") == v2
+    (b.path / "other.bin").write_bytes(v3)
+    os.rename(b.path / "other.bin", b.path / "model.bin")
+    assert _warm(b.path / "model.bin") == v3
+    assert eventually(lambda: (a.path / "model.bin").read_bytes() == v3)
+
+
+def test_a_local_truncate_and_rewrite_is_seen(local_store, make_mount):
+    b = make_mount(local_store, name="b")
+    v1, v2 = os.urandom(SIZE), os.urandom(SIZE)
+    path = b.path / "model.bin"
+    path.write_bytes(v1)
+    assert _warm(path) == v1
+    os.truncate(path, 0)
+    os.truncate(path, SIZE)
+    assert _warm(path) == bytes(SIZE)
+    with open(path, "r+b") as f:
+        f.write(v2)
+    assert _warm(path) == v2
