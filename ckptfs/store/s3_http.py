@@ -264,6 +264,7 @@ def _early_answer(conn: http.client.HTTPConnection) -> http.client.HTTPResponse 
     if 200 <= response.status < 300:
         response.close()
         return None
+    response.will_close = True      # half our body is still unsent: never reused
     return response
 
 

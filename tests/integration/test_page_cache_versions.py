@@ -60,3 +60,25 @@ def test_a_local_truncate_and_rewrite_is_seen(local_store, make_mount):
     with open(path, "r+b") as f:
         f.write(v2)
     assert _warm(path) == v2
+
+
+def test_dropped_staging_pages_of_a_rewritten_chunk_lose_nothing(local_store, make_mount):
+    """Staging pages are dropped after each pipelined chunk upload and after publish
+    (posix_fadvise DONTNEED): bytes written into a chunk after its upload, and not yet
+    written back, must still be what the file holds, here and on another node."""
+    a = make_mount(local_store, name="a")
+    chunk = 8 << 20
+    data = bytearray(os.urandom(3 * chunk + 1234))
+    with open(a.path / "model.bin", "wb") as f:
+        f.write(data[:2 * chunk])
+        assert eventually(lambda: a.store_stats()["chunk_bytes_put"] >= chunk)
+        f.write(data[2 * chunk:])
+        patch = os.urandom(8192)
+        f.seek(chunk - 4096)
+        f.write(patch)
+        data[chunk - 4096:chunk + 4096] = patch
+    assert (a.path / "model.bin").read_bytes() == data
+    fresh = make_mount(local_store, name="fresh")
+    assert eventually(lambda: (fresh.path / "model.bin").exists())
+    assert (fresh.path / "model.bin").read_bytes() == data
+    assert (a.path / "model.bin").read_bytes() == data

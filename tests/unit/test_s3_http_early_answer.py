@@ -22,7 +22,8 @@ class EarlyAnswerServer:
     """Reads a request's headers, answers 403 AccessDenied at once and closes without
     reading the body (the kernel resets the connection: unread bytes were pending)."""
 
-    def __init__(self) -> None:
+    def __init__(self, close_header: bool = True) -> None:
+        self.close_header = close_header
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(8)
@@ -44,20 +45,24 @@ class EarlyAnswerServer:
                         break
                     head += piece
                 self.requests += 1
+                close = b"Connection: close\r\n" if self.close_header else b""
                 conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
-                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                             % (len(_DENIED), _DENIED))
+                             b"Content-Length: %d\r\n%s\r\n%s" % (len(_DENIED), close, _DENIED))
 
     def close(self) -> None:
         self.listener.close()
 
 
-def test_an_error_answered_before_the_body_was_read_is_the_error_reported(monkeypatch):
+def _env(monkeypatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_an_error_answered_before_the_body_was_read_is_the_error_reported(monkeypatch):
+    _env(monkeypatch)
     server = EarlyAnswerServer()
     try:
         store = S3Store("bucket", "p", f"http://127.0.0.1:{server.port}", timeout=10.0)
@@ -68,5 +73,24 @@ def test_an_error_answered_before_the_body_was_read_is_the_error_reported(monkey
                       sha256=hashlib.sha256(data).hexdigest())
         assert is_permanent(info.value), info.value
         assert "access denied" in str(info.value), info.value
+    finally:
+        server.close()
+
+
+def test_the_connection_an_early_answer_came_on_is_not_kept(monkeypatch):
+    """The server did not say ``Connection: close`` but stopped reading: the connection
+    is dead.  Kept, it would fail the next request, and a conditional PUT (never retried
+    on a fresh connection) would report a network error instead of the server's."""
+    _env(monkeypatch)
+    server = EarlyAnswerServer(close_header=False)
+    try:
+        store = S3Store("bucket", "p", f"http://127.0.0.1:{server.port}", timeout=10.0)
+        data = bytes(32 << 20)
+        with pytest.raises(StoreError):
+            store.put("chunks/aa/big", memoryview(data),
+                      sha256=hashlib.sha256(data).hexdigest())
+        with pytest.raises(StoreError) as info:
+            store.put("dirs/root/x", b"entry", if_match='"abc"')
+        assert is_permanent(info.value) and "access denied" in str(info.value), info.value
     finally:
         server.close()
