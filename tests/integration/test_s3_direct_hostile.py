@@ -84,3 +84,25 @@ def test_a_get_into_a_short_buffer_then_an_error_body_keep_the_pool_sane(seaweed
             assert buf == data
     finally:
         proxy.close()
+
+
+def test_after_bodies_cut_mid_way_the_next_requests_are_answered_right(seaweed):
+    from ckptfs.store import TransientStoreError
+    proxy = FaultProxy(seaweed.s3_port)
+    try:
+        store = _store(seaweed, endpoint=proxy.endpoint_url)
+        data = os.urandom(4 << 20)
+        etag = store.put("chunks/88/x", data, sha256=_sha(data))
+        for _ in range(3):
+            proxy.mode = "reset"
+            with pytest.raises(TransientStoreError):
+                store.get_into("chunks/88/x", bytearray(len(data)))
+            with pytest.raises(TransientStoreError):
+                store.put("chunks/88/y", data, sha256=_sha(data))
+            proxy.mode = "pass"
+            buf = bytearray(len(data))
+            assert store.get_into("chunks/88/x", buf) == (len(data), etag)
+            assert buf == data
+            assert store.get("chunks/88/x") == (data, etag)
+    finally:
+        proxy.close()
