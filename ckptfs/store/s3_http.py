@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import http.client
 import logging
+import select
 import ssl
 import threading
 import urllib.parse
@@ -61,9 +62,14 @@ class _Connections:
 
     def take(self) -> tuple[http.client.HTTPConnection, bool]:
         """A connection, and whether it was kept from an earlier request."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn = self._idle.pop()
+            if not _dropped(conn):
+                return conn, True
+            conn.close()      # closed by the server while idle: never sent a request on
         if self.scheme == "https":
             conn = http.client.HTTPSConnection(self.netloc, timeout=self.timeout,
                                                context=self.ssl_context)
@@ -77,6 +83,22 @@ class _Connections:
                 self._idle.append(conn)
                 return
         conn.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept connection is no longer usable: the server closed or reset it
+    (its idle timeout), or sent something unasked.  An idle connection has nothing to
+    read; finding it dead here costs nothing, finding it dead by sending a request fails
+    that request (a conditional one for good: it is not resent on a fresh connection)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 class _Response:

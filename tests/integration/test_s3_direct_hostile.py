@@ -106,3 +106,37 @@ def test_after_bodies_cut_mid_way_the_next_requests_are_answered_right(seaweed):
             assert store.get("chunks/88/x") == (data, etag)
     finally:
         proxy.close()
+
+
+def test_a_conditional_put_after_the_server_dropped_every_idle_connection(seaweed):
+    """Parallel chunk transfers leave several keep-alive connections idle; the server
+    drops them all (its idle timeout).  A conditional PUT (an entry write: never resent
+    on a fresh connection after a failure) must not meet the dead ones one by one until
+    its retries run out."""
+    import threading
+
+    from ckptfs.store import RetryingStore, StoreStats, store_policy
+    proxy = FaultProxy(seaweed.s3_port)
+    try:
+        raw = _store(seaweed, endpoint=proxy.endpoint_url)
+        data = os.urandom(1 << 20)
+        raw.put("chunks/99/x", data, sha256=_sha(data))
+        barrier = threading.Barrier(10)
+
+        def fetch():
+            barrier.wait()
+            raw.get("chunks/99/x")
+        threads = [threading.Thread(target=fetch) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = raw.put("dirs/root/entry", b"one")
+        proxy.reset_all_and_next(0)               # every idle connection dies
+        stats = StoreStats()
+        store = RetryingStore(raw, store_policy(20.0), stats=stats)
+        store.put("dirs/root/entry", b"two", if_match=first)
+        assert raw.get("dirs/root/entry")[0] == b"two"
+        assert stats.retries == 0, stats
+    finally:
+        proxy.close()
