@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install everything ckptfs needs on a Debian machine (run as root); idempotent.
-#   apt: fuse3, libfuse3-dev, pkg-config (pyfuse3 builds from source), gcc, python3 venv/headers
+#   apt: fuse3, libfuse3-dev, pkg-config (pyfuse3 builds from source), gcc, python3 venv/headers,
+#        openssl (a TLS test makes its own CA), util-linux (fincore, in a page-cache test)
 #   .venv in the repository root with ckptfs and its test dependencies.
 # Usage: tools/setup.sh [extra ...]   e.g. tools/setup.sh frameworks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev)
+packages=(fuse3 libfuse3-dev pkg-config gcc python3-venv python3-dev openssl util-linux)
 missing=()
 for p in "${packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
