@@ -1,5 +1,7 @@
 """``S3Store``: an S3 bucket (and key prefix) through boto3, errors translated into the
-store protocol's (transient, permanent, not found, precondition failed).
+store protocol's (transient, permanent, not found, precondition failed).  Object bytes
+(PUT, GET) go through the lean ``s3_http.ChunkHTTP`` where it can serve the endpoint
+(decision 0014), boto3 otherwise.
 
 Knows nothing above the store protocol; retries are ``retry.RetryingStore``'s.
 """
@@ -8,11 +10,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from collections.abc import Iterator
 
 from .base import (ListedObject, NotFound, PreconditionFailed, StoreError,
                    TransientStoreError, copy_into)
-from .s3_http import ChunkHTTP
+from .s3_http import ChunkHTTP, EndpointMismatch
+
+log = logging.getLogger(__name__)
 
 
 def _prehashed_signer() -> str:
@@ -149,7 +154,10 @@ class S3Store:
             if_match: str | None = None) -> str:
         if self.direct is not None:
             digest = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
-            return self.direct.put(self._k(key), data, digest, if_match)
+            try:
+                return self.direct.put(self._k(key), data, digest, if_match)
+            except EndpointMismatch as exc:
+                self._leave_direct(exc)
         if not isinstance(data, bytes):
             data = bytes(data)
         extra = {}
@@ -182,7 +190,10 @@ class S3Store:
 
     def get(self, key: str) -> tuple[bytes, str]:
         if self.direct is not None:
-            return self.direct.get(self._k(key))
+            try:
+                return self.direct.get(self._k(key))
+            except EndpointMismatch as exc:
+                self._leave_direct(exc)
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
             return r["Body"].read(), r.get("ETag", "")
@@ -191,8 +202,20 @@ class S3Store:
 
     def get_into(self, key: str, buffer) -> tuple[int, str]:
         if self.direct is not None:
-            return self.direct.get_into(self._k(key), buffer)
+            try:
+                return self.direct.get_into(self._k(key), buffer)
+            except EndpointMismatch as exc:
+                self._leave_direct(exc)
         return copy_into(self.get(key), buffer)
+
+    def _leave_direct(self, why: EndpointMismatch) -> None:
+        """The endpoint redirects (the bucket is in another region than configured):
+        from now on every call goes through boto3, which follows the redirect."""
+        if self.direct is not None:
+            self.direct = None
+            log.warning("the S3 endpoint redirects object requests (%s): moving object "
+                        "bytes through boto3 from now on (set the bucket's region to "
+                        "use the direct client)", why)
 
     def exists(self, key: str) -> bool:
         try:

@@ -101,6 +101,17 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
         return True
 
 
+# The bucket lives in another region than the one requests are signed for: boto3 follows
+# these (its region redirector); this client does not, and hands the call back.
+REDIRECT_CODES = ("PermanentRedirect", "TemporaryRedirect", "AuthorizationHeaderMalformed",
+                  "IllegalLocationConstraintException")
+
+
+class EndpointMismatch(StoreError):
+    """The endpoint redirects the request (another region): ``S3Store`` stops using the
+    direct client and goes through boto3, which follows redirects."""
+
+
 class _Response:
     """Status, headers and what is left to read of one response, and the connection it
     came on (given back to the pool once the body was read whole, closed otherwise)."""
@@ -264,6 +275,8 @@ class ChunkHTTP:
             return
         text = response.raw.read()
         code, message = _error_fields(text)
+        if response.status in (301, 307) or code in REDIRECT_CODES:
+            raise EndpointMismatch(f"{code or response.status} on {key}: {message}")
         raise self.classify(code, response.status, message, key)
 
     def _finish(self, response: _Response) -> None:
