@@ -283,6 +283,20 @@ class Bench:
             list(pool.map(lambda nf: client.download_file(bucket, key_prefix + nf[0],
                                                            str(dst / nf[0]), Config=cfg), files))
         self.record("boto3", "cold_read", time.perf_counter() - t0)
+        # The order a sync writer and a single reader work in: one file after another
+        # (each file's parts still in parallel).  A sync close returns when its file is
+        # in the store, so the next file's upload cannot start before.
+        serial_prefix = key_prefix.rstrip("/") + "-serial/"
+        t0 = time.perf_counter()
+        for name, _ in files:
+            client.upload_file(str(src / name), bucket, serial_prefix + name, Config=cfg)
+        self.record("boto3", "durable_file_by_file", time.perf_counter() - t0)
+        shutil.rmtree(dst)
+        dst.mkdir()
+        t0 = time.perf_counter()
+        for name, _ in files:
+            client.download_file(bucket, serial_prefix + name, str(dst / name), Config=cfg)
+        self.record("boto3", "cold_read_file_by_file", time.perf_counter() - t0)
         shutil.rmtree(src)
         shutil.rmtree(dst)
 
@@ -418,8 +432,12 @@ def ratios(summary: dict) -> list[str]:
         ratio(f"{mode}: durable / parallel boto3 upload", m.get("durable"),
               boto.get("durable"), 1.0 if mode == "sync" else None,
               "<= 1.0x" if mode == "sync" else "-")
+        ratio(f"{mode}: durable / boto3 upload file by file", m.get("durable"),
+              boto.get("durable_file_by_file"), None, "-")
         ratio(f"{mode}: cold read time / parallel boto3 download", m.get("cold_read"),
               boto.get("cold_read"), 1.0, "<= 1.0x")
+        ratio(f"{mode}: cold read time / boto3 download file by file", m.get("cold_read"),
+              boto.get("cold_read_file_by_file"), None, "-")
         ratio(f"{mode}: 8 readers / 1 reader (time)", m.get("8_readers"),
               m.get("1_readers"), 1.2, "<= 1.2x")
         if m.get("8_readers_fetched_x") is not None:
