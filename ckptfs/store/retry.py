@@ -53,6 +53,16 @@ class _Attempt:
             self.event.set()
 
 
+def _name_os_thread(name: bytes) -> None:
+    """Give the calling thread its name in /proc (``comm``): a new thread otherwise
+    inherits its creator's, and per-thread CPU (tools/profile_paths.py) is misattributed."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)   # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 class _AttemptRunner:
     """Worker threads that run attempts, so that a caller stops waiting at its deadline
     even when a socket read or a hung file system never returns.  A late attempt keeps
@@ -78,6 +88,7 @@ class _AttemptRunner:
         return attempt
 
     def _work(self) -> None:
+        _name_os_thread(b"ckptfs-store")
         while True:
             try:
                 attempt = self._tasks.get(timeout=self.idle_exit)
