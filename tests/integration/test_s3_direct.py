@@ -5,39 +5,25 @@ boto3 path reports it — the retry layer above must not see a difference."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import uuid
 
 import pytest
 
-from conftest import BUCKET
-from proxy import FaultProxy
-from ckptfs.store import (NotFound, PreconditionFailed, S3Store, StoreError,
+from s3_direct_support import Frozen, direct_store, proxied_store, sha
+from ckptfs.store import (NotFound, PreconditionFailed, StoreError,
                           TransientStoreError, is_permanent)
 
 
-def _store(seaweed, endpoint=None, bucket=BUCKET, prefix=None, direct=True, timeout=30.0):
-    os.environ.update(seaweed.env())
-    store = S3Store(bucket, prefix or uuid.uuid4().hex[:12], endpoint or seaweed.endpoint_url,
-                    timeout=timeout, direct=direct)
-    assert (store.direct is not None) == direct
-    return store
-
-
-def _sha(data) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def test_direct_and_boto3_read_each_other_s_objects(seaweed):
-    direct = _store(seaweed)
-    boto = _store(seaweed, prefix=direct.prefix, direct=False)
+    direct = direct_store(seaweed)
+    boto = direct_store(seaweed, prefix=direct.prefix, direct=False)
     data = os.urandom((8 << 20) + 5)
-    etag = direct.put("chunks/ab/one", memoryview(data), sha256=_sha(data))
+    etag = direct.put("chunks/ab/one", memoryview(data), sha256=sha(data))
     assert boto.get("chunks/ab/one") == (data, etag)
     other = os.urandom(3 << 20)
-    etag2 = boto.put("chunks/ab/two", other, sha256=_sha(other))
+    etag2 = boto.put("chunks/ab/two", other, sha256=sha(other))
     assert direct.get("chunks/ab/two") == (other, etag2)
     # Names that need quoting in a URL reach the same key either way.
     odd = "dirs/root/a b%2F+é?#x"
@@ -47,9 +33,9 @@ def test_direct_and_boto3_read_each_other_s_objects(seaweed):
 
 
 def test_get_into_fills_the_buffer_and_reports_a_longer_object(seaweed):
-    store = _store(seaweed)
+    store = direct_store(seaweed)
     data = os.urandom(1 << 20)
-    etag = store.put("chunks/cd/x", data, sha256=_sha(data))
+    etag = store.put("chunks/cd/x", data, sha256=sha(data))
     exact = bytearray(len(data))
     assert store.get_into("chunks/cd/x", exact) == (len(data), etag)
     assert exact == data
@@ -65,7 +51,7 @@ def test_get_into_fills_the_buffer_and_reports_a_longer_object(seaweed):
 
 
 def test_conditional_put_and_missing_keys(seaweed):
-    store = _store(seaweed)
+    store = direct_store(seaweed)
     first = store.put("dirs/root/a", b"one")
     with pytest.raises(PreconditionFailed):
         store.put("dirs/root/a", b"two", if_match='"0000"')
@@ -77,79 +63,62 @@ def test_conditional_put_and_missing_keys(seaweed):
 
 
 def test_a_body_that_does_not_match_its_digest_is_refused(seaweed):
-    store = _store(seaweed)
+    store = direct_store(seaweed)
     data = os.urandom(1 << 16)
     with pytest.raises(StoreError) as info:
-        store.put("chunks/ef/bad", data, sha256=_sha(b"something else"))
+        store.put("chunks/ef/bad", data, sha256=sha(b"something else"))
     assert is_permanent(info.value)     # BadDigest: the server checked the body
     with pytest.raises(NotFound):
         store.get("chunks/ef/bad")
 
 
 def test_wrong_credentials_and_missing_bucket_are_permanent_and_say_why(seaweed):
-    store = _store(seaweed)
-    store.direct.credentials = lambda: _Frozen("AKIDWRONG", "not-the-secret")
+    store = direct_store(seaweed)
+    store.direct.credentials = lambda: Frozen("AKIDWRONG", "not-the-secret")
     with pytest.raises(StoreError) as info:
-        store.put("chunks/aa/x", b"x" * 10, sha256=_sha(b"x" * 10))
+        store.put("chunks/aa/x", b"x" * 10, sha256=sha(b"x" * 10))
     assert is_permanent(info.value) and "access denied" in str(info.value)
     with pytest.raises(StoreError) as info:
         store.get("chunks/aa/x")
     assert is_permanent(info.value) and "access denied" in str(info.value)
-    missing = _store(seaweed, bucket="no-such-bucket-" + uuid.uuid4().hex[:8])
+    missing = direct_store(seaweed, bucket="no-such-bucket-" + uuid.uuid4().hex[:8])
     with pytest.raises(StoreError) as info:
         missing.get("chunks/aa/x")
     assert is_permanent(info.value) and "does not exist" in str(info.value)
 
 
-class _Frozen:
-    def __init__(self, access_key: str, secret_key: str) -> None:
-        self.access_key, self.secret_key, self.token = access_key, secret_key, None
-
-
 @pytest.mark.parametrize("mode", ["503", "refuse", "reset"])
 def test_network_faults_are_transient(seaweed, mode):
-    proxy = FaultProxy(seaweed.s3_port, mode=mode)
-    try:
-        store = _store(seaweed, endpoint=proxy.endpoint_url)
+    with proxied_store(seaweed, mode=mode) as (store, proxy):
         data = os.urandom(1 << 20)
         with pytest.raises(TransientStoreError):
-            store.put("chunks/12/x", data, sha256=_sha(data))
+            store.put("chunks/12/x", data, sha256=sha(data))
         with pytest.raises(TransientStoreError):
             store.get_into("chunks/12/x", bytearray(len(data)))
-    finally:
-        proxy.close()
 
 
 def test_a_hung_server_times_out_within_the_socket_timeout(seaweed):
-    proxy = FaultProxy(seaweed.s3_port, mode="hang")
-    try:
-        store = _store(seaweed, endpoint=proxy.endpoint_url, timeout=2.0)
+    with proxied_store(seaweed, mode="hang", timeout=2.0) as (store, proxy):
         started = time.monotonic()
         with pytest.raises(TransientStoreError) as info:
             store.get("chunks/12/x")
         assert time.monotonic() - started < 10
         assert "timeout" in str(info.value)
-    finally:
-        proxy.close()
 
 
 def test_a_kept_connection_the_server_dropped_is_replaced_without_an_error(seaweed):
-    proxy = FaultProxy(seaweed.s3_port)
-    try:
-        store = _store(seaweed, endpoint=proxy.endpoint_url)
+    with proxied_store(seaweed) as (store, proxy):
         data = os.urandom(1 << 20)
-        store.put("chunks/34/x", data, sha256=_sha(data))
+        store.put("chunks/34/x", data, sha256=sha(data))
         kept = proxy.accepted["pass"]
         proxy.reset_all_and_next(0)       # idle keep-alive connections die
         assert store.get("chunks/34/x")[0] == data
-        store.put("chunks/34/y", data, sha256=_sha(data))
+        store.put("chunks/34/y", data, sha256=sha(data))
         assert proxy.accepted["pass"] == kept + 1     # one fresh connection, no error
-    finally:
-        proxy.close()
 
 
 def test_boto3_setting_keeps_every_call_on_boto3(seaweed):
-    store = _store(seaweed, direct=False)
+    store = direct_store(seaweed, direct=False)
     data = os.urandom(1000)
-    store.put("chunks/56/x", memoryview(data), sha256=_sha(data))
+    store.put("chunks/56/x", memoryview(data), sha256=sha(data))
     assert store.get_into("chunks/56/x", bytearray(2000))[0] == 1000

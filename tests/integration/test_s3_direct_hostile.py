@@ -5,48 +5,30 @@ come back as what it is (permanent or transient), never as a hang or the wrong k
 
 from __future__ import annotations
 
-import hashlib
 import os
-import uuid
 
 import pytest
 
 from conftest import BUCKET
 from proxy import FaultProxy
+from s3_direct_support import Frozen, direct_store, proxied_store, sha
 from ckptfs.store import NotFound, S3Store, StoreError, is_permanent
-
-
-def _store(seaweed, endpoint=None, bucket=BUCKET, prefix=None, timeout=30.0):
-    os.environ.update(seaweed.env())
-    store = S3Store(bucket, prefix or uuid.uuid4().hex[:12], endpoint or seaweed.endpoint_url,
-                    timeout=timeout, direct=True)
-    assert store.direct is not None
-    return store
-
-
-def _sha(data) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class _Frozen:
-    def __init__(self, access_key: str, secret_key: str) -> None:
-        self.access_key, self.secret_key, self.token = access_key, secret_key, None
 
 
 def test_a_large_put_with_wrong_credentials_says_why(seaweed):
     data = os.urandom(16 << 20)
-    store = _store(seaweed)
-    store.direct.credentials = lambda: _Frozen("AKIDWRONG", "not-the-secret")
+    store = direct_store(seaweed)
+    store.direct.credentials = lambda: Frozen("AKIDWRONG", "not-the-secret")
     with pytest.raises(StoreError) as info:
-        store.put("chunks/aa/big", memoryview(data), sha256=_sha(data))
+        store.put("chunks/aa/big", memoryview(data), sha256=sha(data))
     assert is_permanent(info.value) and "access denied" in str(info.value), info.value
 
 
 def test_empty_and_tiny_objects_round_trip_and_keep_the_connection_usable(seaweed):
-    store = _store(seaweed)
+    store = direct_store(seaweed)
     for n in (0, 1, 2):
         body = os.urandom(n)
-        etag = store.put(f"chunks/00/{n}", body, sha256=_sha(body))
+        etag = store.put(f"chunks/00/{n}", body, sha256=sha(body))
         assert store.get(f"chunks/00/{n}") == (body, etag)
         buf = bytearray(8)
         assert store.get_into(f"chunks/00/{n}", buf) == (n, etag)
@@ -59,7 +41,7 @@ def test_empty_and_tiny_objects_round_trip_and_keep_the_connection_usable(seawee
 @pytest.mark.parametrize("key", ["dirs/root/%41", "dirs/root/a=b&c;d", "dirs/root/~x!'()*",
                                  "dirs/root/tab\there", "dirs/root/日本語 ✓"])
 def test_names_that_need_quoting_are_stored_under_the_same_key(seaweed, key):
-    direct = _store(seaweed)
+    direct = direct_store(seaweed)
     boto = S3Store(BUCKET, direct.prefix, seaweed.endpoint_url, direct=False)
     direct.put(key, b"entry")
     assert boto.get(key)[0] == b"entry"
@@ -68,44 +50,36 @@ def test_names_that_need_quoting_are_stored_under_the_same_key(seaweed, key):
 
 
 def test_a_get_into_a_short_buffer_then_an_error_body_keep_the_pool_sane(seaweed):
-    proxy = FaultProxy(seaweed.s3_port)
-    try:
-        store = _store(seaweed, endpoint=proxy.endpoint_url)
+    with proxied_store(seaweed) as (store, proxy):
         data = os.urandom(3 << 20)
-        etag = store.put("chunks/77/x", data, sha256=_sha(data))
+        etag = store.put("chunks/77/x", data, sha256=sha(data))
         for _ in range(3):
             assert store.get_into("chunks/77/x", bytearray(1 << 20))[0] == len(data)
             with pytest.raises(NotFound):
                 store.get("chunks/77/missing")
             with pytest.raises(StoreError):
-                store.put("chunks/77/bad", data, sha256=_sha(b"other"))
+                store.put("chunks/77/bad", data, sha256=sha(b"other"))
             buf = bytearray(len(data))
             assert store.get_into("chunks/77/x", buf) == (len(data), etag)
             assert buf == data
-    finally:
-        proxy.close()
 
 
 def test_after_bodies_cut_mid_way_the_next_requests_are_answered_right(seaweed):
     from ckptfs.store import TransientStoreError
-    proxy = FaultProxy(seaweed.s3_port)
-    try:
-        store = _store(seaweed, endpoint=proxy.endpoint_url)
+    with proxied_store(seaweed) as (store, proxy):
         data = os.urandom(4 << 20)
-        etag = store.put("chunks/88/x", data, sha256=_sha(data))
+        etag = store.put("chunks/88/x", data, sha256=sha(data))
         for _ in range(3):
             proxy.mode = "reset"
             with pytest.raises(TransientStoreError):
                 store.get_into("chunks/88/x", bytearray(len(data)))
             with pytest.raises(TransientStoreError):
-                store.put("chunks/88/y", data, sha256=_sha(data))
+                store.put("chunks/88/y", data, sha256=sha(data))
             proxy.mode = "pass"
             buf = bytearray(len(data))
             assert store.get_into("chunks/88/x", buf) == (len(data), etag)
             assert buf == data
             assert store.get("chunks/88/x") == (data, etag)
-    finally:
-        proxy.close()
 
 
 def test_a_conditional_put_after_the_server_dropped_every_idle_connection(seaweed):
@@ -118,9 +92,9 @@ def test_a_conditional_put_after_the_server_dropped_every_idle_connection(seawee
     from ckptfs.store import RetryingStore, StoreStats, store_policy
     proxy = FaultProxy(seaweed.s3_port)
     try:
-        raw = _store(seaweed, endpoint=proxy.endpoint_url)
+        raw = direct_store(seaweed, endpoint=proxy.endpoint_url)
         data = os.urandom(1 << 20)
-        raw.put("chunks/99/x", data, sha256=_sha(data))
+        raw.put("chunks/99/x", data, sha256=sha(data))
         barrier = threading.Barrier(10)
 
         def fetch():
