@@ -57,9 +57,12 @@ def block(tag: str, index: int, size: int) -> bytes:
     return (seed * reps)[:size]
 
 
-def write_tree(root: Path, workload: Workload, tag: str, do_fsync: bool = True) -> float:
-    """Write the workload under ``root``; return seconds until every close returned."""
+def write_tree(root: Path, workload: Workload, tag: str, do_fsync: bool = True,
+               phases: dict | None = None) -> float:
+    """Write the workload under ``root``; return seconds until every close returned.
+    ``phases``, if given, receives the seconds spent in ``fsync`` and in ``close``."""
     root.mkdir(parents=True, exist_ok=True)
+    fsync_s = close_s = 0.0
     t0 = time.perf_counter()
     for name, size in workload.files():
         fd = os.open(root / name, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
@@ -72,9 +75,15 @@ def write_tree(root: Path, workload: Workload, tag: str, do_fsync: bool = True) 
                 written += n
                 index += 1
             if do_fsync:
+                t = time.perf_counter()
                 os.fsync(fd)
+                fsync_s += time.perf_counter() - t
         finally:
+            t = time.perf_counter()
             os.close(fd)
+            close_s += time.perf_counter() - t
+    if phases is not None:
+        phases.update(fsync=fsync_s, close=close_s)
     return time.perf_counter() - t0
 
 
@@ -240,8 +249,11 @@ class Bench:
         proc = self.start_passthrough(source, mnt)
         try:
             cpu0 = cpu_seconds(proc.pid)
-            blocked = write_tree(mnt / "ckpt", self.workload, f"passthrough{rnd}")
+            phases: dict = {}
+            blocked = write_tree(mnt / "ckpt", self.workload, f"passthrough{rnd}",
+                                 phases=phases)
             self.record("passthrough", "blocked", blocked)
+            self.record("passthrough", "blocked_in_fsync", phases["fsync"])
             self.record("passthrough", "cpu_s_per_gib_write",
                         (cpu_seconds(proc.pid) - cpu0) / gib)
             self.record("passthrough", "peak_rss_mib", peak_rss(proc.pid) / MiB)
@@ -329,11 +341,14 @@ class Bench:
             root = mnt / f"ckpt-{name}"
             cpu0 = cpu_seconds(pid)
             t0 = time.perf_counter()
-            blocked = write_tree(root, self.workload, name)
+            phases: dict = {}
+            blocked = write_tree(root, self.workload, name, phases=phases)
             ckptfs_cli("wait", str(mnt), env=self.env)
             durable = time.perf_counter() - t0
             cpu = cpu_seconds(pid) - cpu0
             self.record(system, "blocked", blocked)
+            self.record(system, "blocked_in_fsync", phases["fsync"])
+            self.record(system, "blocked_in_close", phases["close"])
             self.record(system, "durable", durable)
             self.record(system, "cpu_s_per_gib_write", cpu / (self.workload.total / GiB))
             if not self.args.quick:

@@ -5,10 +5,10 @@ once at a time (single flight), verifies it before anyone sees it (refetching a 
 one by ``VERIFY_RETRY``), and evicts least recently used chunks above its size limit;
 local copies of published files (``ino:<n>``) share the limit.  A freshly fetched chunk
 is also held in memory until each of its bytes has been served once (bounded by
-``hot_limit``): a cold read is answered from the buffer the GET filled, and the cache file
-is written with ``O_DIRECT`` from reused page-aligned buffers, so a cold read allocates no
-page cache of its own (decision 0011: on this machine first-touch pages cost more CPU than
-the copy).  Knows nothing of FUSE, of staging files, or of inodes' meaning.
+``hot_limit``): a cold read is answered from the buffer the GET filled (a pooled one,
+``buffers.py``, given back once served), and the cache file is written with ``O_DIRECT``
+straight from it, so a cold read allocates no page cache and no fresh memory of its own
+(decisions 0011, 0014: on this machine first-touch pages cost more CPU than the copy).  Knows nothing of FUSE, of staging files, or of inodes' meaning.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 tracker of a sequential writer (the background queue of async publishes is
 ``publish_queue.py``).
 
-A chunk is read from a staging file, hashed and uploaded in a worker thread, under a
-capacity limiter that bounds memory and parallel requests.  A chunk the store already
-has is never uploaded again.  Knows nothing of inodes' names, of publishing, or of FUSE.
+A chunk is read from a staging file into a pooled buffer (``buffers.py``), hashed and
+uploaded from it in a worker thread, under a capacity limiter that bounds memory and
+parallel requests; its staging pages then leave the page cache (decision 0014).  A chunk
+the store already has is never uploaded again.  Knows nothing of inodes' names, of publishing, or of FUSE.
 """
 
 from __future__ import annotations
