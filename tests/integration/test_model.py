@@ -138,7 +138,10 @@ class ModelMachine(RuleBasedStateMachine):
         return mount
 
     def _start(self, mount: Mount) -> None:
-        mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK,
+        # gc's settle time is tiny here (recorded in the store by the first mount): with
+        # the default 600 s, a gc pass that found chunks condemned by an earlier one
+        # waited 10 minutes to delete them, and the step timed out.
+        mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK, "--gc-settle", "0.3",
                     durability=self.ctx.durability,
                     faults=None if self.sync else ASYNC_FAULTS)
 
