@@ -15,9 +15,11 @@ from collections.abc import Iterator
 
 from .base import (ListedObject, NotFound, PreconditionFailed, StoreError,
                    TransientStoreError, copy_into)
-from .s3_http import ChunkHTTP, EndpointMismatch
+from .s3_http import ChunkHTTP, EndpointMismatch, b64_digest
 
 log = logging.getLogger(__name__)
+
+_BOTO3 = object()     # _via_direct: this call is boto3's to make
 
 
 def _prehashed_signer() -> str:
@@ -154,15 +156,14 @@ class S3Store:
             if_match: str | None = None) -> str:
         if self.direct is not None:
             digest = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
-            try:
-                return self.direct.put(self._k(key), data, digest, if_match)
-            except EndpointMismatch as exc:
-                self._leave_direct(exc)
+            done = self._via_direct(lambda d: d.put(self._k(key), data, digest, if_match))
+            if done is not _BOTO3:
+                return done
         if not isinstance(data, bytes):
             data = bytes(data)
         extra = {}
         if sha256 is not None:
-            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+            extra["ChecksumSHA256"] = b64_digest(sha256)
         if if_match is not None:
             extra["IfMatch"] = if_match
         try:
@@ -189,11 +190,9 @@ class S3Store:
             raise self._translate(exc, key) from None
 
     def get(self, key: str) -> tuple[bytes, str]:
-        if self.direct is not None:
-            try:
-                return self.direct.get(self._k(key))
-            except EndpointMismatch as exc:
-                self._leave_direct(exc)
+        done = self._via_direct(lambda d: d.get(self._k(key)))
+        if done is not _BOTO3:
+            return done
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
             return r["Body"].read(), r.get("ETag", "")
@@ -201,21 +200,27 @@ class S3Store:
             raise self._translate(exc, key) from None
 
     def get_into(self, key: str, buffer) -> tuple[int, str]:
-        if self.direct is not None:
-            try:
-                return self.direct.get_into(self._k(key), buffer)
-            except EndpointMismatch as exc:
-                self._leave_direct(exc)
+        done = self._via_direct(lambda d: d.get_into(self._k(key), buffer))
+        if done is not _BOTO3:
+            return done
         return copy_into(self.get(key), buffer)
 
-    def _leave_direct(self, why: EndpointMismatch) -> None:
-        """The endpoint redirects (the bucket is in another region than configured):
-        from now on every call goes through boto3, which follows the redirect."""
-        if self.direct is not None:
-            self.direct = None
-            log.warning("the S3 endpoint redirects object requests (%s): moving object "
-                        "bytes through boto3 from now on (set the bucket's region to "
-                        "use the direct client)", why)
+    def _via_direct(self, call):
+        """``call(self.direct)``, or ``_BOTO3`` if the call is boto3's to make: there is
+        no direct client, or the endpoint redirects (the bucket is in another region than
+        configured), and from then on every call goes through boto3, which follows it."""
+        direct = self.direct
+        if direct is None:
+            return _BOTO3
+        try:
+            return call(direct)
+        except EndpointMismatch as why:
+            if self.direct is not None:
+                self.direct = None
+                log.warning("the S3 endpoint redirects object requests (%s): moving "
+                            "object bytes through boto3 from now on (set the bucket's "
+                            "region to use the direct client)", why)
+            return _BOTO3
 
     def exists(self, key: str) -> bool:
         try:

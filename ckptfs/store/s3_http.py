@@ -171,7 +171,7 @@ class ChunkHTTP:
     def put(self, key: str, body, sha256: str, if_match: str | None = None) -> str:
         """Store ``body`` (bytes-like) under ``key``; ``sha256`` is its hex digest (sent
         for the server to verify, and signed).  Returns the new ETag."""
-        headers = {"x-amz-checksum-sha256": _b64(sha256)}
+        headers = {"x-amz-checksum-sha256": b64_digest(sha256)}
         if if_match is not None:
             headers["If-Match"] = if_match
 
@@ -308,7 +308,8 @@ def _transient(exc: BaseException, method: str, key: str) -> TransientStoreError
     return TransientStoreError(f"{kind} on {method} {key}: {exc}")
 
 
-def _b64(hex_digest: str) -> str:
+def b64_digest(hex_digest: str) -> str:
+    """A hex sha256 as S3's checksum headers carry it (base64 of the raw digest)."""
     return base64.b64encode(bytes.fromhex(hex_digest)).decode()
 
 
