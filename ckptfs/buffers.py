@@ -30,7 +30,7 @@ class BufferPool:
         self.keep = keep
         self._free: list[mmap.mmap] = []
         self._lock = threading.Lock()
-        self.created = 0          # buffers ever mapped (tests, status)
+        self.created = 0          # buffers ever mapped (tests read it)
 
     def take(self, n: int) -> mmap.mmap:
         """A buffer of at least ``n`` bytes (its length may be larger: use a view)."""

@@ -8,7 +8,8 @@ is also held in memory until each of its bytes has been served once (bounded by
 ``hot_limit``): a cold read is answered from the buffer the GET filled (a pooled one,
 ``buffers.py``, given back once served), and the cache file is written with ``O_DIRECT``
 straight from it, so a cold read allocates no page cache and no fresh memory of its own
-(decisions 0011, 0014: on this machine first-touch pages cost more CPU than the copy).  Knows nothing of FUSE, of staging files, or of inodes' meaning.
+(decisions 0011, 0014: on this machine first-touch pages cost more CPU than the copy).
+Knows nothing of FUSE, of staging files, or of inodes' meaning.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ class ChunkUploader:
         self.store = store
         # Chunks are read back into reused buffers (buffers.py), hashed and sent from them.
         self.buffers = buffers or BufferPool(8 << 20, keep=8)
-        self.drop_pages = True        # see _upload_from and drop_staged_pages
         self.slot = slot              # held around each upload (async mode yields)
         self.liveness = liveness
         self.limiter = limiter
@@ -106,11 +105,10 @@ class ChunkUploader:
         if got != length:
             raise OSError(5, f"staging file shorter than expected at {offset}")
         result = self._send(view)
-        if self.drop_pages:
-            # The chunk is in the store: its staging pages need not stay in memory.
-            # Starts their writeback now; clean ones go at once, the rest when the
-            # publish drops the file's pages again (drop_staged_pages).
-            drop_staged_pages(path, offset, length)
+        # The chunk is in the store: its staging pages need not stay in memory.  Starts
+        # their writeback now; clean ones go at once, the rest when the publish drops the
+        # file's pages again (drop_staged_pages).
+        drop_staged_pages(path, offset, length)
         return result
 
     def _send(self, view: memoryview) -> tuple[str, bool, int, bool]:

@@ -295,7 +295,7 @@ class Publish:
                 self.cache.track_local(ino, size)
             self.ns.save(inode)
             local_copy = inode.local_copy
-        if local_copy and self.uploader.drop_pages:
+        if local_copy:
             await trio.to_thread.run_sync(drop_staged_pages, self.staging.path(ino, ver))
         await self.cache.collect()
         self.uploader.stats.publishes += 1
