@@ -125,13 +125,19 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``, all its threads (``/proc/<pid>/stat``
-    fields 14 and 15)."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid``, all its threads
+    (``/proc/<pid>/stat`` fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # fields[0] is field 3 (state): utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads."""
+    return sum(cpu_split(pid))
 
 
 def wait_mounted(mnt: Path, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -312,11 +318,15 @@ class Bench:
         shutil.rmtree(src)
         shutil.rmtree(dst)
 
+    def state_dir(self, mnt: Path) -> Path:
+        """The state dir of the ckptfs mount at ``mnt`` (``mount`` names both)."""
+        return self.work / f"state-{mnt.name.removeprefix('mnt-')}"
+
     def mount(self, name: str, durability: str) -> Path:
         mnt = self.work / f"mnt-{name}"
         mnt.mkdir(exist_ok=True)
         args = ["mount", str(mnt), "--store", self.store_url, "--state-dir",
-                str(self.work / f"state-{name}"), "--durability", durability]
+                str(self.state_dir(mnt)), "--durability", durability]
         if self.endpoint:
             args += ["--endpoint-url", self.endpoint]
         args += self.args.mount_arg or []
@@ -329,8 +339,7 @@ class Bench:
         staging files when the baselines' rounds do not (on a VM whose memory is backed
         lazily, writing into never-touched pages costs ~2 system s/GiB more)."""
         ckptfs_cli("umount", str(mnt), env=self.env)
-        shutil.rmtree(self.work / f"state-{mnt.name.removeprefix('mnt-')}",
-                      ignore_errors=True)
+        shutil.rmtree(self.state_dir(mnt), ignore_errors=True)
 
     def run_ckptfs(self, rnd: int, durability: str) -> None:
         system = f"ckptfs-{durability}"

@@ -25,20 +25,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckptfs.bench import GiB, MiB, Workload, read_tree, write_tree
+from ckptfs.bench import GiB, MiB, Workload, cpu_split, read_tree, write_tree
 from ckptfs.seaweed import SeaweedServer
 
 # Named costs: a sample counts toward a name if any frame of its stack matches.
 COSTS = {
-    "FUSE write handler (fs.write)": ("write (ckptfs/fs.py",),
-    "FUSE read handler (fs.read)": ("read (ckptfs/fs.py",),
+    "FUSE write handler (core write)": ("write (ckptfs/core/write.py",),
+    "FUSE read handler (core read)": ("read (ckptfs/core/read.py",),
     "staging pwrite": ("pwrite",),
-    "upload: read chunk back (pread)": ("_upload_sync (ckptfs/upload.py",),
+    "upload worker (read back, hash, PUT)": ("_upload_from (ckptfs/upload.py",),
     "sha256": ("sha256", "hashlib", "sha256_block", "SHA256"),
+    "direct S3 client (s3_http)": ("ckptfs/store/s3_http.py",),
     "botocore request (signing, HTTP)": ("botocore",),
     "urllib3/http.client send/recv": ("urllib3", "http/client.py", "socket.py"),
-    "cache fetch (GET+verify+write)": ("_fetch_sync (ckptfs/staging.py",),
-    "cache pread (serve read)": ("pread (ckptfs/staging.py",),
+    "cache fetch (GET+verify+write)": ("_fetch_sync (ckptfs/cache.py",),
+    "cache pread (serve read)": ("pread (ckptfs/cache.py",),
     "pyfuse3 loop (request dispatch)": ("pyfuse3",),
     "trio scheduler": ("trio/_core",),
     "trio to_thread": ("to_thread_run_sync", "trio/_threads.py"),
@@ -50,14 +51,6 @@ COSTS = {
 # event loop's poll is idle, not CPU.
 IDLE = ("PyThread_acquire_lock_timed", "epoll_wait (", "poll (libc", "select (libc",
         "sem_wait", "pthread_cond_wait", "nanosleep")
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of the daemon, all threads."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
