@@ -143,7 +143,6 @@ class ChunkHTTP:
         parts = urllib.parse.urlsplit(endpoint_url)
         self.base_path = parts.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="")
         self.origin = f"{parts.scheme}://{parts.netloc}"
-        self.bucket = bucket
         self.region = region
         self.credentials = credentials
         self.classify = classify
