@@ -239,6 +239,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_staged", int | None, None, _size_between(1 << 20, 1 << 60),
             "async mode: closed bytes not yet uploaded past which writers wait for uploads "
             "(default: half the state dir's free space at mount)"),
+    # Async mode: background uploads wait while a writer writes (decision 0015), at most
+    # this long at a stretch; then they go beside it one at a time.
+    Setting("upload_hold", float, 10.0, _seconds(0.0, DAY),
+            "async mode: seconds uploads wait for a writing process to pause before they "
+            "go beside it one at a time (default 10; 0: at once)"),
     # How chunk bytes move to and from S3 (decision 0014): "direct" sends PUT/GET of
     # whole objects over http.client with botocore's signer; "boto3" uses boto3 for all.
     Setting("s3_client", str, "direct", parse_s3_client,

@@ -32,6 +32,17 @@ def human_age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def pending_text(doc: dict, fs: dict) -> str:
+    pending = fs.get("pending_uploads", 0)
+    text = f"{pending} upload(s), {human_bytes(doc.get('pending_bytes', 0))}"
+    if pending and doc.get("oldest_pending_s") is not None:
+        text += f", oldest {human_age(doc['oldest_pending_s'])}"
+    if pending and fs.get("uploads_held_for_writer_s"):
+        text += (f"; giving way to a writer for {human_age(fs['uploads_held_for_writer_s'])}"
+                 " (async mode)")
+    return text
+
+
 def status_text(doc: dict) -> str:
     """A short summary of a ``status`` reply: what an operator looks at first."""
     fs, store = doc.get("fs", {}), doc.get("store_stats", {})
@@ -43,11 +54,7 @@ def status_text(doc: dict) -> str:
 
     row("store", str(doc.get("store")))
     row("durability", str(doc.get("durability")))
-    pending = fs.get("pending_uploads", 0)
-    text = f"{pending} upload(s), {human_bytes(doc.get('pending_bytes', 0))}"
-    if pending and doc.get("oldest_pending_s") is not None:
-        text += f", oldest {human_age(doc['oldest_pending_s'])}"
-    row("pending", text)
+    row("pending", pending_text(doc, fs))
     if fs.get("pending_metadata"):
         row("metadata", f"{fs['pending_metadata']} change(s) journaled, on their way to "
                         "the store in order (async mode)"

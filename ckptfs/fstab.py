@@ -22,7 +22,8 @@ IGNORED = {"rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "no
 VALUED = ("store", "config", "state_dir", "durability", "endpoint_url", "chunk_size",
           "cache_size", "metadata_ttl", "upload_concurrency", "fetch_concurrency",
           "gc_grace", "gc_settle", "checkpoint_formats", "lease_ttl", "stale_staged_after",
-          "store_timeout", "stop_timeout", "metrics_address", "log_file", "s3_client")
+          "store_timeout", "stop_timeout", "max_staged", "upload_hold", "metrics_address",
+          "log_file", "s3_client")
 FLAGS = ("single_writer", "writeback_cache")
 
 

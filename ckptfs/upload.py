@@ -1,6 +1,6 @@
-"""Moving staged bytes into the store: chunk upload with dedup, and the pipelined chunk
-tracker of a sequential writer (the background queue of async publishes is
-``publish_queue.py``).
+"""Moving staged bytes into the store: chunk upload with dedup, the pipelined chunk
+tracker of a sequential writer, and the gate that holds async mode's background uploads
+while a writer writes (the background queue of async publishes is ``publish_queue.py``).
 
 A chunk is read from a staging file into a pooled buffer (``buffers.py``), hashed and
 uploaded from it in a worker thread, under a capacity limiter that bounds memory and
@@ -15,7 +15,8 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, \
+    nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,65 @@ from .remote import chunk_key
 from .store import ObjectStore, StoreTimeout
 
 log = logging.getLogger(__name__)
+
+
+class UploadGate:
+    """When async mode's background uploads may start (decision 0015).
+
+    A writer is *active* while one of its requests is in flight (an ``fsync`` or a
+    create may take long) or ended less than ``QUIET`` seconds ago.  While one is,
+    uploads wait: the save that async mode keeps short has the node's CPU to itself,
+    and the uploads run at full concurrency the moment it pauses.  Once a writer has
+    been active for ``hold`` seconds (one that never pauses), uploads go beside it one
+    at a time, so they are never starved; ``hold`` 0 trickles them from the start.  A
+    writer waiting for room (``max_staged``) is not active: it waits for these uploads.
+    Knows nothing of what a write is; the write path reports them."""
+
+    QUIET = 0.1
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self._in_flight = 0                 # writer requests that may take long
+        self._last = -math.inf              # when a writer request last ran or ended
+        self._since = 0.0                   # when the current active stretch began
+        self._trickle = trio.CapacityLimiter(1)
+
+    def active(self) -> bool:
+        return self._in_flight > 0 or trio.current_time() - self._last < self.QUIET
+
+    def wrote(self) -> None:
+        """A writer's request just ran."""
+        if not self.active():
+            self._since = trio.current_time()
+        self._last = trio.current_time()
+
+    @contextmanager
+    def busy(self):
+        """Around a writer's request that may take long (``fsync``, a create)."""
+        self.wrote()
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self._last = trio.current_time()
+
+    def held_for(self) -> float:
+        """Seconds the writer has been active without a pause (0 if it is not)."""
+        return trio.current_time() - self._since if self.active() else 0.0
+
+    @asynccontextmanager
+    async def slot(self):
+        """Held around each background upload."""
+        # Re-checked while waiting: uploads that waited for a writer run in parallel the
+        # moment it pauses, and start trickling once it has held them for ``hold``.
+        while self.active():
+            if self.held_for() >= self.hold and self._trickle.available_tokens:
+                async with self._trickle:
+                    yield
+                return
+            await trio.sleep(self.QUIET / 2)
+        yield
 
 
 @dataclass

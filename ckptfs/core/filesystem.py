@@ -24,7 +24,7 @@ from ..oplog import MetaLog
 from ..procstat import Opener, died_unclean
 from ..liveness import ChunkLiveness, GuardedStore
 from ..publish_queue import PublishQueue
-from ..upload import ChunkUploader
+from ..upload import ChunkUploader, UploadGate
 from ..cache import ChunkCache
 from ..staging import Staging
 from ..store import ObjectStore
@@ -75,13 +75,14 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         self._init_tables()
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
+        # Async mode: background uploads give way to a writer that is writing.
+        self.upload_gate = UploadGate(config.upload_hold)
         self.store = GuardedStore(store, self.liveness)
         self.uploader = ChunkUploader(
             store, self.liveness, trio.CapacityLimiter(config.upload_concurrency),
             ns.chunk_mark,
-            slot=self._background_slot if config.durability == "async" else None,
+            slot=self.upload_gate.slot if config.durability == "async" else None,
             buffers=cache.buffers)
-        self._trickle = trio.CapacityLimiter(1)
         # Async mode's metadata log (decision 0012) and the epochs of pending publishes.
         self.oplog = MetaLog(ns, on_done=self._meta_done)
         self._publish_epoch: dict[int, int] = {}
@@ -121,7 +122,6 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         self.meta_limiter = trio.CapacityLimiter(16)
         self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
         self.after_seal: Callable[[Inode], None] = lambda inode: None   # retention.py
-        self.last_write = 0.0
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The background workers: the publish queue and the metadata log."""

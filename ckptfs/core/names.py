@@ -189,6 +189,11 @@ class Names:
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
                      opener: Opener) -> tuple[Handle, Inode]:
+        with self.upload_gate.busy():       # a writer at work: uploads wait (decision 0015)
+            return await self._create(parent, name, mode, flags, uid, gid, opener)
+
+    async def _create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
+                      gid: int, opener: Opener) -> tuple[Handle, Inode]:
         check_name_or_raise(name)
         await self.refresh_dir(parent)
         existing = self.ns.lookup(parent, name)

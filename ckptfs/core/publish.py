@@ -33,6 +33,10 @@ class Publish:
         handle = self._handle(fh)
         if not handle.writable:
             return
+        with self.upload_gate.busy():       # a writer at work: uploads wait (decision 0015)
+            await self._flush(handle)
+
+    async def _flush(self, handle: Handle) -> None:
         rt = self._rt(handle.ino)
         session = handle.session
         if session is None or rt.session is not session:
@@ -147,8 +151,9 @@ class Publish:
             raise FsError(session.failed, "an earlier write failed")
         fd = self.staging.fd(handle.ino, session.ver)
         if self.config.durability != "sync":
-            await trio.to_thread.run_sync(os.fsync, fd)
-            await self._sync_journal()
+            with self.upload_gate.busy():   # uploads wait for the writer (decision 0015)
+                await trio.to_thread.run_sync(os.fsync, fd)
+                await self._sync_journal()
             return
         # Sync mode: the staging file reaches the disk while the chunks reach the store
         # (both must be done before fsync returns; neither waits for the other).

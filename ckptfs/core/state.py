@@ -83,6 +83,7 @@ class Config:
     store_timeout: float = 60.0        # overall bound of one store call (store.RetryPolicy)
     stop_timeout: float = 600.0        # unmount/SIGTERM: wait this long for uploads
     max_staged: int | None = None      # async: closed, unuploaded bytes before writers wait
+    upload_hold: float = 10.0          # async: uploads wait this long for a writer to pause
 
 
 @dataclass

@@ -80,6 +80,9 @@ class Status:
                 "pending_metadata": len(self.oplog.pending),
                 "staged_bytes": self.staged_bytes(), "max_staged": self.max_staged,
                 "writers_waiting_for_uploads": self.writers_waiting,
+                # Async: seconds the uploads have been waiting for a writer to pause.
+                "uploads_held_for_writer_s": round(self.upload_gate.held_for(), 2)
+                if self._deferred() and self.queue.active() else 0.0,
                 "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
                 "chunks_uploaded": up.chunks_uploaded,
                 "chunks_deduplicated": up.chunks_deduplicated,

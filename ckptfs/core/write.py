@@ -7,7 +7,6 @@ import errno
 import logging
 import os
 import time
-from contextlib import asynccontextmanager
 
 import trio
 
@@ -70,6 +69,12 @@ class WritePath:
     # ------------------------------------------------------------------ open / read / write
 
     async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+            with self.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
+                return await self._open(ino, flags, opener)
+        return await self._open(ino, flags, opener)
+
+    async def _open(self, ino: int, flags: int, opener: Opener) -> Handle:
         inode = self.ns.get(ino)
         if inode.type == "dir":
             raise FsError(errno.EISDIR)
@@ -226,7 +231,7 @@ class WritePath:
             raise FsError(exc.errno or errno.EIO, "staging write failed") from None
         handle.wrote = session.wrote = True
         self.write_requests += 1
-        self.last_write = time.monotonic()
+        self.upload_gate.wrote()
         if offset + written > inode.size:
             inode.size = offset + written
         inode.mtime_ns = time.time_ns()
@@ -277,18 +282,3 @@ class WritePath:
             pending.error = exc   # a timeout is not tried again: the close stays bounded
         finally:
             pending.done.set()
-
-    @asynccontextmanager
-    async def _background_slot(self):
-        """Async durability: while a writer is writing (a write in the last 100 ms),
-        background uploads trickle one at a time, leaving the CPU to the training step
-        that async mode protects; when writers pause, they run at full concurrency."""
-        # Re-checked while waiting: uploads queued during a write must not stay
-        # serialized once the writer stops.
-        while time.monotonic() - self.last_write < 0.1:
-            if self._trickle.available_tokens:
-                async with self._trickle:
-                    yield
-                return
-            await trio.sleep(0.05)
-        yield

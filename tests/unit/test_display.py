@@ -20,3 +20,12 @@ def test_status_of_a_quiet_sync_mount_has_no_async_rows():
            "fs": {"pending_uploads": 0, "max_staged": 4 << 20}}
     text = status_text(doc)
     assert "journaled" not in text and "closed, not uploaded" not in text
+
+
+def test_status_says_when_async_uploads_give_way_to_a_writer():
+    doc = {"mountpoint": "/mnt/ckpt", "pid": 7, "durability": "async",
+           "pending_bytes": 6 << 20, "oldest_pending_s": 4.0,
+           "fs": {"pending_uploads": 3, "uploads_held_for_writer_s": 3.5}}
+    assert "giving way to a writer for" in status_text(doc)
+    doc["fs"]["uploads_held_for_writer_s"] = 0.0
+    assert "giving way" not in status_text(doc)

@@ -1,0 +1,197 @@
+"""Async mode's uploads give way to a writer that is writing (decision 0015): they wait
+while it writes, fsyncs or opens files, start the moment it pauses, and trickle one at a
+time once it has held them for ``upload_hold`` seconds, so a writer that never pauses
+does not starve them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import trio
+import trio.testing
+
+from ckptfs.namespace import ROOT_INO
+from ckptfs.upload import UploadGate
+
+CS = 64 << 10
+
+
+# ------------------------------------------------------------------ the gate alone
+
+def run_mocked(fn) -> None:
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_uploads_wait_while_writes_keep_coming_and_start_when_the_writer_pauses():
+    async def main():
+        gate = UploadGate(hold=10.0)
+        passed_at: list[float] = []
+
+        async def upload():
+            async with gate.slot():
+                passed_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            gate.wrote()
+            for _ in range(3):
+                nursery.start_soon(upload)
+            for _ in range(40):                      # a write every 50 ms for 2 s
+                await trio.sleep(0.05)
+                gate.wrote()
+            last_write = trio.current_time()
+        assert len(passed_at) == 3
+        assert min(passed_at) >= last_write + UploadGate.QUIET
+        assert max(passed_at) <= last_write + 2 * UploadGate.QUIET
+
+    run_mocked(main)
+
+
+def test_an_fsync_in_flight_keeps_the_writer_active_however_long_it_takes():
+    async def main():
+        gate = UploadGate(hold=10.0)
+        passed_at: list[float] = []
+
+        async def upload():
+            async with gate.slot():
+                passed_at.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            gate.wrote()
+            nursery.start_soon(upload)
+            with gate.busy():
+                await trio.sleep(3.0)                 # a slow fsync
+                assert passed_at == []
+            ended = trio.current_time()
+        assert ended + UploadGate.QUIET <= passed_at[0] <= ended + 2 * UploadGate.QUIET
+
+    run_mocked(main)
+
+
+@pytest.mark.parametrize("hold", [0.0, 1.0])
+def test_a_writer_that_never_pauses_gets_uploads_one_at_a_time_after_the_hold(hold):
+    async def main():
+        gate = UploadGate(hold=hold)
+        in_flight = most = 0
+        started_at: list[float] = []
+
+        async def upload():
+            nonlocal in_flight, most
+            async with gate.slot():
+                in_flight += 1
+                most = max(most, in_flight)
+                started_at.append(trio.current_time())
+                await trio.sleep(0.2)
+                in_flight -= 1
+
+        t0 = trio.current_time()
+        gate.wrote()
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(upload)
+            while len(started_at) < 4:               # the writer never pauses
+                await trio.sleep(0.02)
+                gate.wrote()
+        assert most == 1
+        assert min(started_at) >= t0 + hold
+        assert max(started_at) <= t0 + hold + 4 * 0.2 + 0.5
+
+    run_mocked(main)
+
+
+# ------------------------------------------------------------------ in the core
+
+ASYNC = {"durability": "async", "chunk_size": CS}
+
+
+class PutWatch:
+    """Times and concurrency of the store's chunk PUTs (hooks run in store threads);
+    each PUT takes ``delay`` seconds so parallel ones overlap."""
+
+    def __init__(self, store, delay: float = 0.0) -> None:
+        self.lock = threading.Lock()
+        self.started: list[tuple[float, int]] = []   # (when, in flight then)
+        self.in_flight = 0
+        self.delay = delay
+        store.before(self._before, op="put", prefix="chunks/")
+        store.after(self._after, op="put", prefix="chunks/")
+
+    def _before(self, call) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.started.append((time.monotonic(), self.in_flight))
+        time.sleep(self.delay)
+
+    def _after(self, call) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def between(self, start: float, end: float) -> list[int]:
+        return [n for t, n in self.started if start <= t <= end]
+
+
+async def open_for_writing(core, name: bytes) -> int:
+    handle, _ = await core.fs.create(ROOT_INO, name, 0o644,
+                                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0, 0, core.me())
+    return handle.fh
+
+
+async def close(core, fh: int) -> None:
+    await core.fs.flush(fh)
+    await core.fs.release(fh)
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("core_config", [ASYNC])
+async def test_no_upload_runs_while_a_writer_writes_even_through_a_slow_fsync(
+        core, monkeypatch):
+    watch = PutWatch(core.store)
+    await core.save(ROOT_INO, b"first", os.urandom(8 * CS))   # closed: its upload waits
+    fh = await open_for_writing(core, b"second")
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.5)                 # longer than a writer's pause between writes
+        real_fsync(fd)
+
+    start = time.monotonic()
+    for index in range(10):
+        await core.fs.write(fh, index * CS, os.urandom(CS))
+        await trio.sleep(0.02)
+        if index == 4:
+            monkeypatch.setattr(os, "fsync", slow_fsync)
+            await core.fs.fsync(fh, False)
+            monkeypatch.setattr(os, "fsync", real_fsync)
+    end = time.monotonic()
+    assert core.fs.stats()["uploads_held_for_writer_s"] >= 0.5   # what `status` shows
+    await close(core, fh)
+    assert watch.between(start, end) == []
+    with trio.fail_after(30):
+        await core.fs.queue.wait_idle()
+    assert len(watch.started) == 8 + 10
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("core_config", [{**ASYNC, "upload_hold": 0.3}])
+async def test_uploads_trickle_beside_a_writer_that_never_pauses_then_run_in_parallel(core):
+    watch = PutWatch(core.store, delay=0.05)
+    await core.save(ROOT_INO, b"first", os.urandom(16 * CS))
+    fh = await open_for_writing(core, b"second")
+    start = time.monotonic()
+    index = 0
+    while time.monotonic() - start < 1.5:              # writes every 10 ms for 1.5 s
+        await core.fs.write(fh, index * CS, os.urandom(CS))
+        index += 1
+        await trio.sleep(0.01)
+    end = time.monotonic()
+    during = watch.between(start, end)
+    assert during, "a writer that never pauses starved the uploads"
+    assert max(during) == 1, "uploads beside a writer must go one at a time"
+    assert watch.between(start, start + 0.25) == []
+    await close(core, fh)
+    with trio.fail_after(30):
+        await core.fs.queue.wait_idle()
+    assert max(watch.between(end, time.monotonic())) > 1, \
+        "once the writer paused, uploads should run in parallel"
