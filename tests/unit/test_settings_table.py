@@ -10,6 +10,7 @@ import pytest
 from ckptfs.cli import build_parser
 from ckptfs.config import SETTINGS, Settings, load
 from ckptfs.core import Config
+from ckptfs.fstab import mount_argv
 
 # A valid text for each setting (what a user would type), and what it becomes.
 EXAMPLES = {
@@ -66,3 +67,14 @@ def test_the_core_config_keeps_the_table_s_defaults():
     for f in shared:
         assert getattr(defaults, f.name) == next(s.default for s in SETTINGS
                                                  if s.name == f.name), f.name
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.name)
+def test_each_setting_is_also_an_fstab_option(setting):
+    # `max_staged` was missing from the fstab options until upload_hold came (issue 13).
+    text, value = EXAMPLES[setting.name]
+    option = setting.name if setting.kind == "switch" else f"{setting.name}={text}"
+    argv = mount_argv(["s3://bucket/prefix", "/mnt", "-o", f"_netdev,{option}"])
+    args = build_parser().parse_args(argv)
+    flags = {s.name: getattr(args, s.name) for s in SETTINGS}
+    assert getattr(load(None, {}, flags), setting.name) == value
