@@ -108,6 +108,24 @@ def drop_page_cache(path: Path) -> None:
                 os.close(fd)
 
 
+def prime_memory(directory: Path, nbytes: int) -> None:
+    """Write ``nbytes`` into a scratch file and delete it, so the timed step that follows
+    takes pages the kernel has just touched.  A VM that hands freed memory back to its
+    host (virtio-balloon free page reporting, as this project's machines do) pays ~2
+    system s/GiB on the next first touch of a page, and without this a system's time
+    swung 3x with what ran before it in the round (decision 0015).  Every system's timed
+    step gets the same start; ``--no-prime`` measures without it."""
+    path = directory / ".prime"
+    block_ = b"\xa5" * MiB
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(-(-nbytes // MiB)):
+            os.write(fd, block_)
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 def ckptfs_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ckptfs", *args], check=True,
                           capture_output=True, text=True, env=env)
@@ -179,6 +197,12 @@ class Bench:
         self.server = None
         self.results: dict[str, dict[str, list[float]]] = {}
 
+    def prime(self) -> None:
+        """Before each timed step (``prime_memory``): twice the workload, room for the
+        system's own copy and the store server's."""
+        if self.args.prime:
+            prime_memory(self.work, 2 * self.workload.total)
+
     def record(self, system: str, metric: str, value: float) -> None:
         self.results.setdefault(system, {}).setdefault(metric, []).append(value)
 
@@ -209,10 +233,12 @@ class Bench:
     # -------------------------------------------------------------- systems
     def run_local(self, rnd: int) -> None:
         root = self.work / f"local-{rnd}"
+        self.prime()
         blocked = write_tree(root, self.workload, f"local{rnd}")
         self.record("local", "blocked", blocked)
         self.record("local", "durable", blocked)
         drop_page_cache(root)
+        self.prime()
         self.record("local", "cold_read", read_tree(root, self.workload))
         self.record("local", "warm_read", read_tree(root, self.workload))
         if not self.args.quick and self.workload.big_files:
@@ -254,6 +280,7 @@ class Bench:
         gib = self.workload.total / GiB
         proc = self.start_passthrough(source, mnt)
         try:
+            self.prime()
             cpu0 = cpu_seconds(proc.pid)
             phases: dict = {}
             blocked = write_tree(mnt / "ckpt", self.workload, f"passthrough{rnd}",
@@ -268,6 +295,7 @@ class Bench:
         drop_page_cache(source)
         proc = self.start_passthrough(source, mnt)
         try:
+            self.prime()
             cpu0 = cpu_seconds(proc.pid)
             self.record("passthrough", "cold_read", read_tree(mnt / "ckpt", self.workload))
             self.record("passthrough", "cpu_s_per_gib_cold_read",
@@ -289,6 +317,7 @@ class Bench:
         cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
                              max_concurrency=10)
         files = self.workload.files()
+        self.prime()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda nf: client.upload_file(str(src / nf[0]), bucket,
@@ -296,6 +325,7 @@ class Bench:
         self.record("boto3", "durable", time.perf_counter() - t0)
         dst = self.work / f"boto3-dst-{rnd}"
         dst.mkdir()
+        self.prime()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda nf: client.download_file(bucket, key_prefix + nf[0],
@@ -305,12 +335,14 @@ class Bench:
         # (each file's parts still in parallel).  A sync close returns when its file is
         # in the store, so the next file's upload cannot start before.
         serial_prefix = key_prefix.rstrip("/") + "-serial/"
+        self.prime()
         t0 = time.perf_counter()
         for name, _ in files:
             client.upload_file(str(src / name), bucket, serial_prefix + name, Config=cfg)
         self.record("boto3", "durable_file_by_file", time.perf_counter() - t0)
         shutil.rmtree(dst)
         dst.mkdir()
+        self.prime()
         t0 = time.perf_counter()
         for name, _ in files:
             client.download_file(bucket, serial_prefix + name, str(dst / name), Config=cfg)
@@ -348,6 +380,7 @@ class Bench:
         try:
             pid = daemon_status(mnt, self.env)["pid"]
             root = mnt / f"ckpt-{name}"
+            self.prime()
             cpu0 = cpu_seconds(pid)
             t0 = time.perf_counter()
             phases: dict = {}
@@ -374,6 +407,7 @@ class Bench:
         reader = self.mount(f"{name}-reader", durability)
         try:
             pid = daemon_status(reader, self.env)["pid"]
+            self.prime()
             cpu0 = cpu_seconds(pid)
             self.record(system, "cold_read", read_tree(reader / f"ckpt-{name}", self.workload))
             self.record(system, "cpu_s_per_gib_cold_read",
@@ -554,6 +588,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", help="scratch directory (default: a new temp dir)")
     p.add_argument("--quick", action="store_true", help="skip re-save and 8-reader runs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--no-prime", dest="prime", action="store_false",
+                   help="do not write and delete a scratch file before each timed step "
+                   "(on a VM that returns freed memory to its host, times then depend on "
+                   "what ran before)")
     p.add_argument("--mount-arg", action="append", metavar="ARG",
                    help="extra argument for `ckptfs mount` (repeatable), e.g. "
                    "--mount-arg=--writeback-cache")

@@ -54,5 +54,6 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     assert "async: blocked / passthrough blocked" in proc.stdout
     assert "sync: durable / parallel boto3 upload" in proc.stdout
     assert "sync: daemon CPU s/GiB write" in proc.stdout
-    # The bench leaves no mount behind.
+    # The bench leaves no mount behind, and no scratch file of its memory priming.
     assert not any(os.path.ismount(p) for p in work.glob("mnt-*"))
+    assert not (work / ".prime").exists()
