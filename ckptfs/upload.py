@@ -50,6 +50,10 @@ class UploadGate:
         self._last = -math.inf              # when a writer request last ran or ended
         self._since = 0.0                   # when the current active stretch began
         self._trickle = trio.CapacityLimiter(1)
+        # One waiting upload watches the clock; the others wait for it to say the gate
+        # may have opened (a checkpoint's pipelined chunks all wait here at once).
+        self._watching = False
+        self._changed = trio.Event()
 
     def active(self) -> bool:
         return self._in_flight > 0 or trio.current_time() - self._last < self.QUIET
@@ -81,12 +85,28 @@ class UploadGate:
         # Re-checked while waiting: uploads that waited for a writer run in parallel the
         # moment it pauses, and start trickling once it has held them for ``hold``.
         while self.active():
-            if self.held_for() >= self.hold and self._trickle.available_tokens:
+            if self.held_for() < self.hold:
+                await self._until_open_or_trickling()
+            elif self._trickle.available_tokens:
                 async with self._trickle:
                     yield
                 return
-            await trio.sleep(self.QUIET / 2)
+            else:
+                await trio.sleep(self.QUIET / 2)
         yield
+
+    async def _until_open_or_trickling(self) -> None:
+        if self._watching:
+            await self._changed.wait()
+            return
+        self._watching = True
+        try:
+            while self.active() and self.held_for() < self.hold:
+                await trio.sleep(self.QUIET / 2)
+        finally:
+            self._watching = False
+            changed, self._changed = self._changed, trio.Event()
+            changed.set()
 
 
 @dataclass
