@@ -85,10 +85,17 @@ def check_complete(fd: int, size: int, formats: Iterable[str] = FORMATS) -> str 
     try:
         _CHECKS[kind](fd, size, head)
     except _Incomplete as e:
-        return str(e)
+        return printable(str(e))
     except (struct.error, IndexError, ValueError, TypeError, OverflowError) as e:
-        return f"{kind} file: structure does not parse ({type(e).__name__}: {e})".splitlines()[0]
+        return printable(f"{kind} file: structure does not parse ({type(e).__name__}: {e})")
     return None
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """One printable line of at most ``limit`` characters: reasons quote names read from
+    a damaged file, which may hold newlines and any other bytes."""
+    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
 def recognise(head: bytes) -> str | None:

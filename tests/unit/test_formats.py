@@ -423,3 +423,19 @@ def test_damaged_files_give_an_answer_not_an_exception(tmp_path):
             assert result is None or (isinstance(result, str) and "\n" not in result)
             answers.add(result is None)
     assert answers == {True, False}
+
+
+def test_a_member_name_from_a_damaged_archive_is_shown_on_one_line(tmp_path):
+    # A damaged name length in the central directory made the name swallow the next
+    # header's bytes, newline and all, and the reason (logged, and given as the cause of
+    # EIO) came out over several lines of binary (found by the random-damage test).
+    torch.save({"a": torch.randn(50)}, tmp_path / "t.pt")
+    data = bytearray((tmp_path / "t.pt").read_bytes())
+    at = data.index(b"PK\x01\x02")
+    name_len = struct.unpack_from("<H", data, at + 28)[0]
+    struct.pack_into("<H", data, at + 28, name_len + 40)
+    data[at + 46 + name_len + 5] = ord("\n")
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    reason = check(tmp_path / "bad.pt")
+    assert reason is not None and reason.startswith("zip archive:")
+    assert reason.isprintable(), reason
