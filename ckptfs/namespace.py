@@ -334,6 +334,18 @@ class Namespace:
                     out.append((bytes(key[8:]), _U64.unpack(value)[0]))
         return out
 
+    def next_name(self, parent: int, name: bytes) -> tuple[bytes, int] | None:
+        """The entry of ``parent`` that follows ``name`` in name order, if any."""
+        prefix = _k(parent)
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db_dentries)
+            if not cur.set_range(prefix + name + b"\x00"):
+                return None
+            key, value = cur.item()
+            if not key.startswith(prefix):
+                return None
+            return bytes(key[8:]), _U64.unpack(value)[0]
+
     def has_children(self, parent: int) -> bool:
         prefix = _k(parent)
         with self.env.begin() as txn:

@@ -109,6 +109,7 @@ class Handle:
     failed: int = 0        # errno of a failed write: this handle never publishes
     read_end: int = 0      # where the last read ended (sequential detection)
     sequential: int = 0    # consecutive sequential reads
+    warmed_next: bool = False   # the next file's first chunks were fetched ahead
     session: Session | None = None          # writable handles: the session they joined
     # What a read-only handle reads until it closes (promise: a reader keeps the version
     # it opened): ("live",) the working/current content on this node; ("staging", ver)

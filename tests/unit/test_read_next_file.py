@@ -1,0 +1,87 @@
+"""A reader that reads a published file to its end gets the first chunks of the next
+file of the directory (name order) fetched ahead: checkpoint loaders read a directory's
+shards one after another, and each shard's first fetch was a wait with the CPU idle
+(25-90 ms per file in the bench's cold read, decision 0015).  A reader that jumps
+around gets nothing extra."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from ckptfs.namespace import ROOT_INO
+from ckptfs.remote import chunk_key
+
+pytestmark = pytest.mark.trio
+CS = 64 << 10
+
+
+@pytest.fixture
+def core_config() -> dict:
+    return {"chunk_size": CS}
+
+
+async def remote_files(core, sizes: dict[bytes, int]) -> dict[bytes, int]:
+    """Saved, published, and their local copies dropped: reads fetch from the store."""
+    inos = {name: await core.save(ROOT_INO, name, os.urandom(size))
+            for name, size in sizes.items()}
+    for ino in inos.values():
+        assert core.fs._evict_local_copy(ino)
+    return inos
+
+
+def fetched(core, ino: int) -> set[int]:
+    """Indexes of the file's chunks in the node cache."""
+    chunks = core.fs.ns.get(ino).chunks
+    return {i for i, (sha, _) in enumerate(chunks) if core.fs.cache.has(sha)}
+
+
+async def read_range(core, ino: int, start: int, end: int, step: int = 128 << 10) -> None:
+    handle = await core.fs.open(ino, os.O_RDONLY, core.me())
+    try:
+        for offset in range(start, end, step):
+            await core.fs.read(handle.fh, offset, step)
+    finally:
+        await core.fs.release(handle.fh)
+
+
+async def settle(core, inos: dict[bytes, int]) -> None:
+    """Until no fetch of these files' chunks is in flight."""
+    shas = [sha for ino in inos.values() for sha, _ in core.fs.ns.get(ino).chunks]
+    with trio.fail_after(10):
+        await trio.sleep(0.05)
+        while any(core.fs.cache.fetching(sha) for sha in shas):
+            await trio.sleep(0.01)
+
+
+async def test_reading_a_file_to_its_end_fetches_the_next_file_s_first_chunks(core):
+    inos = await remote_files(core, {b"a.bin": 12 * CS, b"b.bin": 12 * CS, b"c.bin": 4 * CS})
+    await read_range(core, inos[b"a.bin"], 0, 12 * CS)
+    await settle(core, inos)
+    assert fetched(core, inos[b"b.bin"]) == {0, 1}
+    assert fetched(core, inos[b"c.bin"]) == set()      # only the next file, not beyond
+    calls_before = len(core.store.calls)
+    await read_range(core, inos[b"b.bin"], 0, 2 * CS)   # served from the cache
+    first_two = {chunk_key(sha) for sha, _ in core.fs.ns.get(inos[b"b.bin"]).chunks[:2]}
+    assert not [c for c in core.store.calls[calls_before:] if c.key in first_two]
+
+
+async def test_a_reader_that_jumps_around_fetches_nothing_of_other_files(core):
+    inos = await remote_files(core, {b"a.bin": 12 * CS, b"b.bin": 12 * CS})
+    handle = await core.fs.open(inos[b"a.bin"], os.O_RDONLY, core.me())
+    for offset in (11 * CS, 0, 6 * CS, 11 * CS + 4096):   # a zip reader: end, start, middle
+        await core.fs.read(handle.fh, offset, 4096)
+    await core.fs.release(handle.fh)
+    await settle(core, inos)
+    assert fetched(core, inos[b"b.bin"]) == set()
+
+
+async def test_the_last_file_of_a_directory_and_a_staged_next_file_are_fine(core):
+    inos = await remote_files(core, {b"a.bin": 4 * CS, b"z.bin": 4 * CS})
+    await core.save(ROOT_INO, b"m.bin", os.urandom(3 * CS))   # local: nothing to fetch
+    await read_range(core, inos[b"a.bin"], 0, 4 * CS)
+    await read_range(core, inos[b"z.bin"], 0, 4 * CS)          # last name: no next file
+    await settle(core, inos)
+    assert fetched(core, inos[b"a.bin"]) == set(range(4))
