@@ -85,28 +85,37 @@ class UploadGate:
         # Re-checked while waiting: uploads that waited for a writer run in parallel the
         # moment it pauses, and start trickling once it has held them for ``hold``.
         while self.active():
-            if self.held_for() < self.hold:
-                await self._until_open_or_trickling()
-            elif self._trickle.available_tokens:
+            if self._may_trickle():
                 async with self._trickle:
-                    yield
+                    try:
+                        yield
+                    finally:
+                        self._wake()        # the turn is free: a waiting upload takes it
                 return
-            else:
-                await trio.sleep(self.QUIET / 2)
+            await self._until_changed()
         yield
 
-    async def _until_open_or_trickling(self) -> None:
+    def _may_trickle(self) -> bool:
+        return self.held_for() >= self.hold and self._trickle.available_tokens > 0
+
+    async def _until_changed(self) -> None:
+        """Until the writer pauses or an upload may trickle.  One waiting upload watches
+        the clock; the others wait for it (or a trickled upload's end) to wake them:
+        also while they trickle, which a save longer than ``hold`` spends waiting."""
         if self._watching:
             await self._changed.wait()
             return
         self._watching = True
         try:
-            while self.active() and self.held_for() < self.hold:
+            while self.active() and not self._may_trickle():
                 await trio.sleep(self.QUIET / 2)
         finally:
             self._watching = False
-            changed, self._changed = self._changed, trio.Event()
-            changed.set()
+            self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
 
 
 @dataclass

@@ -232,3 +232,49 @@ async def test_uploads_trickle_beside_a_writer_that_never_pauses_then_run_in_par
         await core.fs.queue.wait_idle()
     assert max(watch.between(end, time.monotonic())) > 1, \
         "once the writer paused, uploads should run in parallel"
+
+
+def test_uploads_trickling_beside_a_writer_that_never_pauses_still_share_one_timer(
+        monkeypatch):
+    # Once ``hold`` has passed, the uploads that wait for their turn to trickle each
+    # polled on their own (20 wake-ups a second each): a save longer than ``hold`` got
+    # back the polls ``test_a_hundred_waiting_uploads_share_one_timer`` removed, for as
+    # long as it lasted.
+    import ckptfs.upload as upload
+    sleeps = 0
+    real_sleep = trio.sleep
+
+    async def counted_sleep(seconds: float) -> None:
+        nonlocal sleeps
+        sleeps += 1
+        await real_sleep(seconds)
+
+    monkeypatch.setattr(upload.trio, "sleep", counted_sleep)
+
+    async def main():
+        gate = UploadGate(hold=1.0)
+        in_flight = most = passed = 0
+
+        async def upload_():
+            nonlocal in_flight, most, passed
+            async with gate.slot():
+                in_flight += 1
+                most = max(most, in_flight)
+                await real_sleep(0.1)                # the PUT
+                in_flight -= 1
+                passed += 1
+
+        async with trio.open_nursery() as nursery:
+            gate.wrote()
+            for _ in range(100):
+                nursery.start_soon(upload_)
+            for _ in range(200):                     # a write every 20 ms for 4 s
+                await real_sleep(0.02)
+                gate.wrote()
+            trickled, most_while_writing = passed, most
+        assert 20 <= trickled <= 35                  # one at a time for the last 3 s
+        assert most_while_writing == 1
+        assert passed == 100
+        assert sleeps <= 2 * 4.0 / (UploadGate.QUIET / 2), sleeps
+
+    run_mocked(main)
