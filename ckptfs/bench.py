@@ -428,6 +428,11 @@ class Bench:
                 target.parent.stat()
                 before = daemon_status(mnt, self.env)["store_stats"]["chunk_bytes_got"]
                 self.record(system, f"{readers}_readers", time_readers(target, readers))
+                # Read-ahead of the next file may still be fetching: count it whole.
+                deadline = time.monotonic() + 60
+                while daemon_status(mnt, self.env)["fs"]["fetches_in_flight"] and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.05)
                 fetched = daemon_status(mnt, self.env)["store_stats"]["chunk_bytes_got"] - before
                 self.record(system, f"{readers}_readers_fetched_x",
                             fetched / self.workload.big_size)

@@ -163,6 +163,10 @@ class ChunkCache:
     def fetching(self, sha: str) -> bool:
         return sha in self._inflight
 
+    @property
+    def fetches_in_flight(self) -> int:
+        return len(self._inflight)
+
     # Local copies (staging files of published files, kept to serve reads on the node
     # that wrote them) share the LRU and the size limit with fetched chunks.  Their key
     # is "ino:<n>"; ``evict_local`` decides whether one can go now.

@@ -52,8 +52,9 @@ async def settle(core, inos: dict[bytes, int]) -> None:
     shas = [sha for ino in inos.values() for sha, _ in core.fs.ns.get(ino).chunks]
     with trio.fail_after(10):
         await trio.sleep(0.05)
-        while any(core.fs.cache.fetching(sha) for sha in shas):
+        while core.fs.stats()["fetches_in_flight"]:     # what `status` shows
             await trio.sleep(0.01)
+    assert not any(core.fs.cache.fetching(sha) for sha in shas)
 
 
 async def test_reading_a_file_to_its_end_fetches_the_next_file_s_first_chunks(core):
