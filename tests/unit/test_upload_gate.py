@@ -25,14 +25,19 @@ def run_mocked(fn) -> None:
     trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def passing(gate: UploadGate, passed_at: list[float]):
+    """An upload that notes when it passed the gate."""
+    async def upload() -> None:
+        async with gate.slot():
+            passed_at.append(trio.current_time())
+    return upload
+
+
 def test_uploads_wait_while_writes_keep_coming_and_start_when_the_writer_pauses():
     async def main():
         gate = UploadGate(hold=10.0)
         passed_at: list[float] = []
-
-        async def upload():
-            async with gate.slot():
-                passed_at.append(trio.current_time())
+        upload = passing(gate, passed_at)
 
         async with trio.open_nursery() as nursery:
             gate.wrote()
@@ -53,10 +58,7 @@ def test_an_fsync_in_flight_keeps_the_writer_active_however_long_it_takes():
     async def main():
         gate = UploadGate(hold=10.0)
         passed_at: list[float] = []
-
-        async def upload():
-            async with gate.slot():
-                passed_at.append(trio.current_time())
+        upload = passing(gate, passed_at)
 
         async with trio.open_nursery() as nursery:
             gate.wrote()
@@ -101,20 +103,36 @@ def test_a_writer_that_never_pauses_gets_uploads_one_at_a_time_after_the_hold(ho
     run_mocked(main)
 
 
-def test_a_hundred_waiting_uploads_share_one_timer(monkeypatch):
+async def keep_writing(gate: UploadGate, seconds: float, sleep) -> None:
+    """A writer that writes every 20 ms for ``seconds``."""
+    for _ in range(round(seconds / 0.02)):
+        await sleep(0.02)
+        gate.wrote()
+
+
+class Timers:
+    """Counts ``trio.sleep`` calls (the gate's timers); the test's own writer sleeps with
+    ``real_sleep``, which is not counted."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.count = 0
+        self.real_sleep = trio.sleep
+        monkeypatch.setattr(trio, "sleep", self._counted)
+
+    async def _counted(self, seconds: float) -> None:
+        self.count += 1
+        await self.real_sleep(seconds)
+
+
+@pytest.fixture
+def timers(monkeypatch) -> Timers:
+    return Timers(monkeypatch)
+
+
+def test_a_hundred_waiting_uploads_share_one_timer(timers):
     # Each waiting upload polled on its own (20 wake-ups a second each): with a
     # checkpoint's 128 pipelined chunks waiting, the polls took ~7% of the FUSE thread
     # while the writer was blocked on it.
-    import ckptfs.upload as upload
-    sleeps = 0
-    real_sleep = trio.sleep
-
-    async def counted_sleep(seconds: float) -> None:
-        nonlocal sleeps
-        sleeps += 1
-        await real_sleep(seconds)
-
-    monkeypatch.setattr(upload.trio, "sleep", counted_sleep)
 
     async def main():
         gate = UploadGate(hold=10.0)
@@ -129,11 +147,9 @@ def test_a_hundred_waiting_uploads_share_one_timer(monkeypatch):
             gate.wrote()
             for _ in range(100):
                 nursery.start_soon(upload_)
-            for _ in range(100):                     # a write every 20 ms for 2 s
-                await real_sleep(0.02)
-                gate.wrote()
+            await keep_writing(gate, 2.0, timers.real_sleep)
         assert passed == 100
-        assert sleeps <= 2 * 2.0 / (UploadGate.QUIET / 2), sleeps
+        assert timers.count <= 2 * 2.0 / (UploadGate.QUIET / 2), timers.count
 
     run_mocked(main)
 
@@ -234,22 +250,11 @@ async def test_uploads_trickle_beside_a_writer_that_never_pauses_then_run_in_par
         "once the writer paused, uploads should run in parallel"
 
 
-def test_uploads_trickling_beside_a_writer_that_never_pauses_still_share_one_timer(
-        monkeypatch):
+def test_uploads_trickling_beside_a_writer_that_never_pauses_still_share_one_timer(timers):
     # Once ``hold`` has passed, the uploads that wait for their turn to trickle each
     # polled on their own (20 wake-ups a second each): a save longer than ``hold`` got
     # back the polls ``test_a_hundred_waiting_uploads_share_one_timer`` removed, for as
     # long as it lasted.
-    import ckptfs.upload as upload
-    sleeps = 0
-    real_sleep = trio.sleep
-
-    async def counted_sleep(seconds: float) -> None:
-        nonlocal sleeps
-        sleeps += 1
-        await real_sleep(seconds)
-
-    monkeypatch.setattr(upload.trio, "sleep", counted_sleep)
 
     async def main():
         gate = UploadGate(hold=1.0)
@@ -260,7 +265,7 @@ def test_uploads_trickling_beside_a_writer_that_never_pauses_still_share_one_tim
             async with gate.slot():
                 in_flight += 1
                 most = max(most, in_flight)
-                await real_sleep(0.1)                # the PUT
+                await timers.real_sleep(0.1)                # the PUT
                 in_flight -= 1
                 passed += 1
 
@@ -268,13 +273,11 @@ def test_uploads_trickling_beside_a_writer_that_never_pauses_still_share_one_tim
             gate.wrote()
             for _ in range(100):
                 nursery.start_soon(upload_)
-            for _ in range(200):                     # a write every 20 ms for 4 s
-                await real_sleep(0.02)
-                gate.wrote()
+            await keep_writing(gate, 4.0, timers.real_sleep)
             trickled, most_while_writing = passed, most
         assert 20 <= trickled <= 35                  # one at a time for the last 3 s
         assert most_while_writing == 1
         assert passed == 100
-        assert sleeps <= 2 * 4.0 / (UploadGate.QUIET / 2), sleeps
+        assert timers.count <= 2 * 4.0 / (UploadGate.QUIET / 2), timers.count
 
     run_mocked(main)
