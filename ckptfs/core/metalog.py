@@ -143,11 +143,17 @@ class MetaLogApply:
             except FsError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
-                # Not in the store under its old name (never published there, or
-                # another node moved it): its own publish writes the new name.
-                log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
+                # Not in the store under its old name.  Never published there: its own
+                # publish writes the new name, over the entry it replaced.  Published,
+                # so another node moved or removed it first: this rename lost the race
+                # (as if it had come second), and the entry it would have replaced stays.
                 seals = False
-                await self._delete_if_same(new_key, replaced)
+                if inode.dirty or ino in self.queue.queued:
+                    log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
+                    await self._delete_if_same(new_key, replaced)
+                else:
+                    log.warning("rename to %s lost a race: another node moved or removed "
+                                "%s first; what the store has stays", new_key, old_key)
             if seals:
                 inode.staged = False
             self.ns.save(inode)

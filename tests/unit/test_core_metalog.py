@@ -5,6 +5,7 @@ it names when it acts."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import trio
@@ -113,3 +114,28 @@ async def test_a_seal_is_journaled_and_lands_after_the_uploads_below(core):
     assert entry["staged"] is False and not fs.ns.get(ckpt.ino).staged
     assert ops(store, "put", entry_key(ckpt.dir_id, b"model.bin"))[-1] < \
         ops(store, "put", entry_key("root", b"checkpoint-3"))[-1]
+
+
+async def test_a_move_another_node_beat_keeps_the_file_it_would_have_replaced(core):
+    # Found by the model test (soak, seed 581249469): two async nodes renamed the same
+    # published file at once, B's over an existing file.  A's move won in the store; B's
+    # record then met no source and deleted the file it would have replaced, which no
+    # serial order of the two renames removes.  The file is lost.
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"f0", b"moved")
+    await core.save(ROOT_INO, b"f2", b"kept")
+    await fs.wait_idle()
+    # Another node moves f0 away; this node has not listed the root since.
+    raw, _ = store.get(entry_key("root", b"f0"))
+    store.put(entry_key("root", b"elsewhere"), raw)
+    store.delete(entry_key("root", b"f0"))
+    await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f2", 0)   # local first: returns ok
+    await fs.wait_idle()
+    assert content(store, "root", b"f2") == b"kept"
+    assert content(store, "root", b"elsewhere") == b"moved"
+    # And this node comes round to what the store has, at its next listing.
+    await trio.sleep(fs.config.metadata_ttl + 0.1)
+    inode = await fs.lookup(ROOT_INO, b"f2")
+    handle = await fs.open(inode.ino, os.O_RDONLY, core.me())
+    assert await fs.read(handle.fh, 0, 100) == b"kept"
+    await fs.release(handle.fh)
