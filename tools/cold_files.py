@@ -10,12 +10,11 @@ seconds of the daemon, the store server and the reader, with the machine's idle 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 
-from blocked_window import machine_cpu
-from ckptfs.bench import Bench, cpu_seconds, daemon_status, write_tree
+from blocked_window import measure
+from ckptfs.bench import Bench, daemon_status, write_tree
 
 MiB = 1 << 20
 
@@ -61,24 +60,19 @@ def main() -> None:
             try:
                 pid = daemon_status(reader, bench.env)["pid"]
                 bench.prime()
-                daemon0, weed0, own0 = cpu_seconds(pid), cpu_seconds(weed), os.times()
-                idle0, total0 = machine_cpu()
-                t0 = time.perf_counter()
-                files = read_in_order(reader / "ckpt", names)
-                wall = time.perf_counter() - t0
-                own1 = os.times()
-                idle1, total1 = machine_cpu()
-                daemon, store = cpu_seconds(pid) - daemon0, cpu_seconds(weed) - weed0
+                files: list = []
+                cpu = measure(lambda: files.extend(read_in_order(reader / "ckpt", names)),
+                              {"daemon": pid, "store": weed})
             finally:
                 bench.umount(reader)
             firsts = [f"{first * 1000:.0f}" for name, _, first in files
                       if name.startswith("model")]
-            print(f"round {rnd}: {wall:.2f} s; first 4 MiB of the big files (ms): "
+            print(f"round {rnd}: {cpu['wall']:.2f} s; first 4 MiB of the big files (ms): "
                   f"{', '.join(firsts[:8])}{' ...' if len(firsts) > 8 else ''} "
-                  f"(sum {sum(float(x) for x in firsts):.0f}); CPU s: daemon {daemon:.2f}, "
-                  f"store {store:.2f}, reader "
-                  f"{own1.user + own1.system - own0.user - own0.system:.2f}; machine idle "
-                  f"{idle1 - idle0:.2f} of {total1 - total0:.2f} core-s", flush=True)
+                  f"(sum {sum(float(x) for x in firsts):.0f}); CPU s: daemon "
+                  f"{cpu['daemon']:.2f}, store {cpu['store']:.2f}, reader "
+                  f"{cpu['writer']:.2f}; machine idle {cpu['idle']:.2f} of "
+                  f"{cpu['busy'] + cpu['idle']:.2f} core-s", flush=True)
     finally:
         bench.server.stop()
         shutil.rmtree(bench.work, ignore_errors=True)
