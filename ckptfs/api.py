@@ -177,8 +177,8 @@ def _final(mountpoint: Path, replies: Iterator[dict], progress: Progress | None)
 def wait(path: str | os.PathLike, timeout: float | None = None,
          progress: Progress | None = None) -> None:
     """Block until every file closed at or below ``path`` is durable in the store.
-    ``TimeoutError`` after ``timeout`` seconds; ``OSError`` if an upload below it
-    failed for good.  ``progress`` gets each progress reply (pending uploads, bytes)."""
+    ``TimeoutError`` after ``timeout`` seconds; ``OSError`` if an upload below it is
+    refused by the store and waits for an operator (it stays staged and retried).  ``progress`` gets each progress reply (pending uploads, bytes)."""
     path = Path(os.path.abspath(path))
     mount = mount_of(path)
     _final(mount, request(mount, {"cmd": "wait", "path": str(path)}, timeout), progress)

@@ -469,8 +469,10 @@ def cmd_wait(path: Path, timeout: float | None = None) -> int:
 
     with Bar("waiting for uploads") as bar:
         first: list[int] = []
+        outage: list[str] = []
 
         def progress(reply: dict) -> None:
+            outage[:] = [reply["store_unavailable"]] if reply.get("store_unavailable") else []
             n = reply["pending_uploads"]
             if not first:
                 first.append(n)
@@ -481,7 +483,8 @@ def cmd_wait(path: Path, timeout: float | None = None) -> int:
         try:
             api.wait(path, timeout, progress)
         except TimeoutError:
-            return fail(f"{path}: not durable after {timeout:g} s")
+            return fail(f"{path}: not durable after {timeout:g} s" +
+                        (f": {outage[0]}" if outage else ""))
         except OSError as exc:
             return fail(exc.strerror or str(exc))
     return 0

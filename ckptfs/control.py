@@ -272,9 +272,9 @@ class ControlServer:
         failed = self._under(top, fs.queue.failed)
         if failed:
             first = fs.queue.failed[next(iter(failed))]
-            await send({"error": f"{len(failed)} upload(s) failed for good (not retried "
-                                 f"until the file is closed again or the next mount): "
-                                 f"{first}", **host.pending(failed)})
+            await send({"error": f"{len(failed)} upload(s) refused by the store, kept "
+                                 f"staged and retried: needs an operator: {first}",
+                        **host.pending(failed)})
         else:
             await send({"ok": True, "done": True})
 

@@ -138,7 +138,8 @@ def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
 
 
 def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,
-                gc_settle: float = DEFAULT_SETTLE) -> "StoreFormat":
+                gc_settle: float = DEFAULT_SETTLE, create_marker: bool = True,
+                state_dir: Path | None = None) -> "StoreFormat":
     """Fail fast, with one line, if the store cannot be used (DESIGN.md promise 8)."""
     try:
         store.check()
@@ -153,6 +154,11 @@ def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 
             raise MountError("store does not honour conditional writes (If-None-Match: *, "
                              "If-Match on PUT and DELETE); mount with --single-writer if "
                              "only one node writes")
+        if not create_marker and not store.exists(FORMAT_KEY):
+            raise MountError(f"the store has lost its marker {FORMAT_KEY}, but the state dir "
+                             f"{state_dir} has been mounted on it before: the bucket was "
+                             f"deleted or emptied; restore it, or mount with a new "
+                             f"--state-dir (the old one keeps its journaled work)")
         return read_format_marker(store, chunk_size, gc_settle)
     except StoreError as exc:
         raise MountError(str(exc)) from None
@@ -271,13 +277,20 @@ class Daemon:
         finally:
             os.close(lock_fd)
 
-    async def _open_store(self):
-        """The store, probed (format, conditional writes); the store's settle time wins."""
+    def _build_store(self):
         opts = self.opts
-        store = build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
-                            self.config.store_timeout, opts.s3_client)
-        fmt = await trio.to_thread.run_sync(probe_store, store, opts.single_writer,
-                                            self.config.chunk_size, self.config.gc_settle)
+        return build_store(opts.store_url, opts.endpoint_url, self.stats, self.store_wrap,
+                           self.config.store_timeout, opts.s3_client)
+
+    async def _probe_store(self, store, bound: bool):
+        """The store, probed (format, conditional writes); the store's settle time wins.
+        ``bound``: this state dir has been mounted on this store before, so the store
+        must still have its marker (decision 0016)."""
+        opts = self.opts
+        fmt = await trio.to_thread.run_sync(
+            lambda: probe_store(store, opts.single_writer, self.config.chunk_size,
+                                self.config.gc_settle, create_marker=not bound,
+                                state_dir=opts.state_dir))
         if fmt.chunk_size is not None and fmt.chunk_size != self.config.chunk_size:
             log.warning("the store was created with %d-byte chunks; this node writes %d-byte "
                         "chunks (every node reads both)", fmt.chunk_size,
@@ -286,26 +299,37 @@ class Daemon:
         self.config = dataclasses.replace(self.config, gc_settle=fmt.gc_settle)
         return store
 
-    def _open_namespace(self, store) -> Namespace:
-        """The state dir's LMDB, bound to one store for good."""
+    def _open_namespace(self, store) -> tuple[Namespace, bool]:
+        """The state dir's LMDB, bound to one store for good; and whether it was bound
+        to it before this mount."""
         opts = self.opts
         try:
             ns = Namespace(opts.state_dir / "meta.lmdb")
         except Exception as exc:  # lmdb.Error and friends
             raise MountError(f"cannot open {opts.state_dir / 'meta.lmdb'}: {exc}") from None
         bound = ns.meta_get("store_url")
-        if bound is None:
-            ns.meta_put("store_url", store.url)
-        elif bound != store.url:
+        if bound is not None and bound != store.url:
             ns.close()
             raise MountError(f"state dir {opts.state_dir} belongs to store {bound}, "
                              f"not {store.url}")
-        return ns
+        return ns, bound is not None
+
+    async def _open_store_and_namespace(self) -> tuple[ObjectStore, Namespace]:
+        """The store, probed, and the state dir's LMDB bound to it."""
+        store = self._build_store()
+        ns, bound = self._open_namespace(store)
+        try:
+            await self._probe_store(store, bound)
+        except BaseException:
+            ns.close()
+            raise
+        if not bound:
+            ns.meta_put("store_url", store.url)
+        return store, ns
 
     async def _run_locked(self, on_ready) -> None:
         opts = self.opts
-        store = await self._open_store()
-        ns = self._open_namespace(store)
+        store, ns = await self._open_store_and_namespace()
         staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
         # One pool of chunk buffers for fetches and uploads (buffers.py).
         buffers = BufferPool(self.config.chunk_size, keep=max(
@@ -556,7 +580,8 @@ class Daemon:
                 total += inode.size
         return {"pending_uploads": fs.pending_uploads() if everything else len(inos),
                 "pending_bytes": total,
-                "failing": {str(k): v for k, v in fs.queue.failing.items() if k in inos}}
+                "failing": {str(k): v for k, v in fs.queue.failing.items() if k in inos},
+                "store_unavailable": fs.store_unavailable()}
 
     # Hooks of the control socket (control.Host).
     async def drain(self, deadline: float, progress=None) -> None:

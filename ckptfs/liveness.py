@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .remote import chunk_key
-from .store import ListedObject, NotFound, ObjectStore, StoreError
+from .store import BucketMissing, ListedObject, NotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -299,12 +299,23 @@ def entry_chunks(body: bytes) -> list[str]:
 class GuardedStore:
     """An ``ObjectStore`` whose entry PUTs first pass ``ChunkLiveness.guard_entry``."""
 
-    def __init__(self, inner: ObjectStore, liveness: ChunkLiveness) -> None:
+    def __init__(self, inner: ObjectStore, liveness: ChunkLiveness,
+                 marker_lost: Callable[[], bool] = lambda: False) -> None:
         self.inner = inner
         self.liveness = liveness
+        self.marker_lost = marker_lost
         self.url = inner.url
 
+    def _refuse_without_marker(self, key: str) -> None:
+        """A store that lost its format marker (a bucket deleted under the mount, and
+        re-created empty by the next PUT) gets no entry: publishing stops, loudly
+        (decision 0016)."""
+        if key.startswith(("dirs/", "inodes/")) and self.marker_lost():
+            raise BucketMissing(f"not publishing {key}: the store lost its marker "
+                                f"ckptfs.json (the bucket deleted or emptied?)")
+
     def _guard(self, key: str, data: bytes) -> None:
+        self._refuse_without_marker(key)
         if key.startswith(("dirs/", "inodes/")):   # entries and inode objects (0008)
             chunks = entry_chunks(data)
             if chunks:
@@ -334,6 +345,7 @@ class GuardedStore:
         return self.inner.list(prefix)
 
     def delete(self, key: str, *args, **conditions) -> None:
+        self._refuse_without_marker(key)
         self.inner.delete(key, *args, **conditions)
 
     def __getattr__(self, name: str):

@@ -436,6 +436,11 @@ class Namespace:
             txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
         return seq
 
+    def journal_put(self, seq: int, record: dict) -> None:
+        """Replace a pending record (same place in the order)."""
+        with self.env.begin(write=True) as txn:
+            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
+
     def journal_done(self, seq: int) -> None:
         with self.env.begin(write=True) as txn:
             txn.delete(_k(seq), db=self.db_journal)

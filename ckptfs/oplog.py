@@ -4,9 +4,11 @@ With ``durability = "async"``, ``mkdir``, ``rename``, ``unlink``/``rmdir`` and s
 change this node's namespace at once and append a record here (in the namespace's
 journal, so a restart resumes them); one worker replays the records against the store
 strictly in journal order, whatever the store is doing meanwhile.  A record whose store
-step fails for a transient reason is tried again (backoff) and holds back the records
-after it; one that fails for good, or whose object another node changed meanwhile, is
-logged once and dropped.
+step fails is tried again (backoff) and holds back the records after it, whatever the
+failure: the store away, access denied, the bucket gone, a request refused (decision
+0016).  A record is never dropped: it leaves the journal only once the store has it (or
+once there is nothing left to apply, e.g. a directory removed here before it reached the
+store).  The store's health (``store_health.py``) hears of every failure and success.
 
 Ordering with the data publishes of the publish queue uses *epochs*: a publish carries
 the sequence number of the newest record pending when its file was closed, and is not
@@ -34,7 +36,8 @@ import trio
 
 from .namespace import Namespace
 from .retrypolicy import RetryPolicy
-from .store import is_permanent, store_cause
+from .store import store_cause
+from .store_health import StoreHealth, is_refusal
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +50,21 @@ METALOG_RETRY = RetryPolicy(attempts=None, base_delay=1.0, max_delay=30.0)
 
 
 class OpDropped(Exception):
-    """The record cannot be applied (another node changed the object): drop it."""
+    """The record has nothing left to apply (what it would change is gone for a reason
+    that loses nothing, e.g. an entry removed by this node's own later step)."""
+
+
+class Blocked(Exception):
+    """The record cannot be applied yet (a file below it still failing to upload, a
+    record this version cannot read): kept, retried, shown in ``status``."""
 
 
 class MetaLog:
     def __init__(self, ns: Namespace, policy: RetryPolicy = METALOG_RETRY,
-                 on_done: Callable[[], None] = lambda: None) -> None:
+                 on_done: Callable[[], None] = lambda: None,
+                 health: StoreHealth | None = None) -> None:
         self.ns = ns
+        self.health = health if health is not None else StoreHealth()
         self.policy = policy            # its backoff only: a record is never given up
         self.on_done = on_done          # told after each record (the publish queue's gate)
         self.pending: dict[int, dict] = {}
@@ -131,31 +142,45 @@ class MetaLog:
                 await self._changed.wait()
                 continue
             seq = self._oldest()
-            record = self.pending[seq]
             attempt = 0
             while True:
+                record = self.pending[seq]     # ``update`` may have changed it
                 try:
                     await execute(seq, record)
+                    self.health.succeeded()
                     break
                 except OpDropped as exc:
                     self.dropped += 1
-                    log.warning("%s not applied to the store: %s", describe(record), exc)
+                    log.info("%s: nothing left to apply (%s)", describe(record), exc)
                     break
-                except Exception as exc:  # noqa: BLE001 - retried, or dropped if permanent
-                    cause = store_cause(exc)
-                    if cause is not None and is_permanent(cause):
-                        self.dropped += 1
-                        log.error("%s failed for good (%s): dropped", describe(record),
-                                  cause)
-                        break
+                except Exception as exc:  # noqa: BLE001 - kept journaled, retried
                     attempt += 1
-                    delay = self.policy.delay(attempt)
-                    if seq not in self.failing:
-                        log.warning("%s waits for the store (%s); retrying every %.0f s "
-                                    "at most", describe(record), exc, self.policy.max_delay)
-                    self.failing[seq] = str(exc)
-                    await trio.sleep(delay)
+                    await self._failed(seq, record, exc, attempt)
             self._finish(seq)
+
+    async def _failed(self, seq: int, record: dict, exc: Exception, attempt: int) -> None:
+        """A failed attempt: kept, said once, retried after the policy's back-off
+        (never dropped: the rule of decision 0016)."""
+        if self.pending.get(seq, {}).pop("retry_now", False):
+            return      # changed to be tried again at once (a conflict renamed it)
+        outage = self.health.failed(exc)
+        delay = self.policy.delay(attempt)
+        if seq not in self.failing:
+            if outage is None and (is_refusal(exc) or store_cause(exc) is None):
+                log.error("%s cannot be applied (%s); kept journaled and retried every "
+                          "%.0f s at most, later records wait: needs an operator",
+                          describe(record), exc, self.policy.max_delay)
+            else:
+                log.warning("%s waits for the store (%s); retrying every %.0f s at most",
+                            describe(record), exc, self.policy.max_delay)
+        self.failing[seq] = str(exc)
+        await trio.sleep(delay)
+
+    def update(self, seq: int, record: dict) -> None:
+        """Change a pending record (a conflict renamed what it creates), in the journal
+        too, before it is tried again."""
+        self.pending[seq] = record
+        self.ns.journal_put(seq, record)
 
     def _finish(self, seq: int) -> None:
         record = self.pending.pop(seq)

@@ -14,13 +14,17 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from .retrypolicy import RetryPolicy
-from .store import is_permanent, store_cause
+from .store import store_cause
+from .store_health import StoreHealth, is_refusal
 
 log = logging.getLogger(__name__)
 
 # Background publishes retry a transient failure without end (nothing closed is dropped),
 # 2 s after the first failure, doubling up to 30 s.
 PUBLISH_RETRY = RetryPolicy(attempts=None, base_delay=2.0, max_delay=30.0)
+# A publish the store refuses (a 4xx about the request itself) waits for an operator but
+# is still tried again this often: nothing closed is ever given up (decision 0016).
+REFUSED_RETRY = 300.0
 
 
 class PublishQueue:
@@ -28,18 +32,24 @@ class PublishQueue:
     publishes).  Records live in the namespace journal; this queue only schedules them.
 
     A failed publish is retried by the queue's ``RetryPolicy`` (``PUBLISH_RETRY``: 2 s
-    doubling up to 30 s, without end) while the failure is transient; a permanent store
-    error (a 4xx such as an invalid or too long key), or the last of a policy's
-    ``attempts``, is not retried: the inode is marked failed for good
-    (``failed``, and in ``failing`` with the reason), logged once at ERROR, and stays
-    staged and journaled: a new close of the file or the next mount tries again.
-    ``queued`` holds every inode not yet published, failed ones included; ``wait_idle``
-    returns when nothing is left but failures."""
+    doubling up to 30 s, without end) whatever the failure: the store away, access
+    denied, the bucket gone (an outage: ``StoreHealth`` hears of it).  A publish the
+    store refuses (a 4xx about the request itself), or one past a policy's ``attempts``,
+    *needs an operator*: it is in ``failed`` (and ``failing`` with the reason), logged
+    once at ERROR, stays staged and journaled, and is still tried again every
+    ``REFUSED_RETRY`` seconds (and at once on a new close or the next mount); it is
+    never given up.  ``queued`` holds every inode not yet published, failed ones
+    included; ``wait_idle`` returns when nothing is left but those that need an
+    operator."""
 
     def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
                  policy: RetryPolicy = PUBLISH_RETRY,
-                 ready: Callable[[int], bool] = lambda ino: True) -> None:
+                 ready: Callable[[int], bool] = lambda ino: True,
+                 health: StoreHealth | None = None,
+                 refused_retry: float = REFUSED_RETRY) -> None:
         self._publish = publish
+        self.health = health if health is not None else StoreHealth()
+        self.refused_retry = refused_retry
         self.workers = workers
         self.policy = policy
         # Workers take inodes from a zero-capacity channel (real back-pressure: the
@@ -54,7 +64,7 @@ class PublishQueue:
         self.parked: set[int] = set()
         self.queued: set[int] = set()
         self.failing: dict[int, str] = {}     # inode -> last error (retried, or for good)
-        self.failed: dict[int, str] = {}      # inode -> permanent error: not retried
+        self.failed: dict[int, str] = {}      # inode -> refusal: needs an operator
         self.since: dict[int, float] = {}     # inode -> when it was queued (monotonic)
         self._attempts: dict[int, int] = {}
         self._nursery: trio.Nursery | None = None
@@ -119,7 +129,7 @@ class PublishQueue:
                 await self._backlog_changed.wait()
                 continue
             ino = self._backlog.popleft()
-            if ino not in self.queued or ino in self.failed:
+            if ino not in self.queued:
                 continue
             if not self._ready(ino):
                 self.parked.add(ino)
@@ -128,12 +138,12 @@ class PublishQueue:
 
     async def _retry_later(self, ino: int, delay: float) -> None:
         await trio.sleep(delay)
-        if ino in self.queued and ino not in self.failed:
+        if ino in self.queued:
             self._enqueue(ino)
 
     async def _worker(self) -> None:
         async for ino in self._recv:
-            if ino not in self.queued or ino in self.failed:
+            if ino not in self.queued:
                 continue
             try:
                 done = await self._publish(ino)
@@ -146,7 +156,9 @@ class PublishQueue:
                 await trio.sleep(0.1)
                 self._enqueue(ino)
                 continue
+            self.health.succeeded()
             self.failing.pop(ino, None)
+            self.failed.pop(ino, None)
             self._attempts.pop(ino, None)
             self.queued.discard(ino)
             self.since.pop(ino, None)
@@ -155,27 +167,24 @@ class PublishQueue:
     def _failed_attempt(self, ino: int, exc: Exception) -> None:
         if ino not in self.queued:
             return      # deleted while it was uploading: nothing left to publish
-        cause = store_cause(exc)
-        if cause is not None and is_permanent(cause):
-            self.failed[ino] = str(cause)
-            self.failing[ino] = f"failed for good (not retried): {cause}"
-            log.error("background publish of inode %d failed for good: %s; not retried, "
-                      "kept staged and journaled (a new close or the next mount tries again)",
-                      ino, cause)
-            self._maybe_idle()
-            return
         attempts = self._attempts[ino] = self._attempts.get(ino, 0) + 1
-        if self.policy.gives_up(attempts):
-            self.failed[ino] = str(exc)
-            self.failing[ino] = f"failed for good after {attempts} attempts: {exc}"
-            log.error("background publish of inode %d failed %d times (%s); not retried, "
-                      "kept staged and journaled (a new close or the next mount tries "
-                      "again)", ino, attempts, exc)
+        outage = self.health.failed(exc)
+        if outage is None and (is_refusal(exc) or self.policy.gives_up(attempts)):
+            cause = store_cause(exc) or exc
+            if ino not in self.failed:
+                log.error("background publish of inode %d refused (%s); kept staged and "
+                          "journaled, tried again every %.0f s (and on a new close or the "
+                          "next mount): needs an operator", ino, cause, self.refused_retry)
+            self.failed[ino] = str(cause)
+            self.failing[ino] = f"needs an operator (retried every " \
+                                f"{self.refused_retry:.0f} s): {cause}"
             self._maybe_idle()
-            return
-        delay = self.policy.delay(attempts)
-        self.failing[ino] = str(exc)
-        log.warning("background publish of inode %d failed (%s); retry %d in %.0fs",
-                    ino, exc, attempts, delay)
+            delay = self.refused_retry
+        else:
+            delay = self.policy.delay(attempts)
+            if ino not in self.failing and outage is None:
+                log.warning("background publish of inode %d failed (%s); retrying every "
+                            "%.0f s at most", ino, exc, self.policy.max_delay)
+            self.failing[ino] = str(exc)
         assert self._nursery is not None
         self._nursery.start_soon(self._retry_later, ino, delay)

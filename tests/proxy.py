@@ -7,6 +7,9 @@ real sockets below boto3, no mocks.
 - ``refuse`` accept each new connection and close it at once;
 - ``hang``   accept, read and drop whatever arrives, never answer;
 - ``503``    answer every request with an HTTP 503 S3 error body (then close);
+- ``403``    answer every request with 403 ``AccessDenied`` (credentials revoked, an
+             expired token);
+- ``nobucket`` answer every request with 404 ``NoSuchBucket`` (the bucket deleted);
 - ``reset``  forward the request, send half of the first piece of the response, then
              reset the connection (RST);
 - ``slow``   forward, throttled to ``slow_bps`` bytes per second each way.
@@ -24,10 +27,12 @@ import threading
 import time
 from collections import Counter
 
-MODES = ("pass", "refuse", "hang", "503", "reset", "slow")
+MODES = ("pass", "refuse", "hang", "503", "403", "nobucket", "reset", "slow")
+# The error-answer modes: HTTP status line and S3 error code.
+_ANSWERS = {"503": (b"503 Service Unavailable", b"ServiceUnavailable"),
+            "403": (b"403 Forbidden", b"AccessDenied"),
+            "nobucket": (b"404 Not Found", b"NoSuchBucket")}
 
-_BODY_503 = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>ServiceUnavailable</Code>'
-             b"<Message>injected by the test proxy</Message></Error>")
 
 
 class _Conn:
@@ -133,8 +138,8 @@ class FaultProxy:
                 self._close(conn, rst=False)
             elif conn.mode == "hang":
                 self._swallow(conn)
-            elif conn.mode == "503":
-                self._answer_503(conn)
+            elif conn.mode in _ANSWERS:
+                self._answer_error(conn, *_ANSWERS[conn.mode])
             else:
                 self._forward(conn)
         except OSError:
@@ -147,7 +152,7 @@ class FaultProxy:
                 break
         self._close(conn, rst=False)
 
-    def _answer_503(self, conn: _Conn) -> None:
+    def _answer_error(self, conn: _Conn, status: bytes, code: bytes) -> None:
         sock = conn.client
         sock.settimeout(30)
         while not conn.closed:
@@ -171,10 +176,12 @@ class FaultProxy:
                     if not piece:
                         break
                     length -= len(piece)
-            sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\n"
+            body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code +
+                    b"</Code><Message>injected by the test proxy</Message></Error>")
+            sock.sendall(b"HTTP/1.1 " + status + b"\r\n"
                          b"Content-Type: application/xml\r\n"
-                         b"Content-Length: " + str(len(_BODY_503)).encode() + b"\r\n"
-                         b"Retry-After: 1\r\nConnection: close\r\n\r\n" + _BODY_503)
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+                         b"Retry-After: 1\r\nConnection: close\r\n\r\n" + body)
             break
         self._close(conn, rst=False)
 
@@ -208,7 +215,7 @@ class FaultProxy:
                     dst.sendall(data[:max(1, len(data) // 2)])
                     self._close(conn, rst=True)
                     return
-                if mode in ("refuse", "503", "reset") and conn.mode != mode:
+                if mode in ("refuse", "reset", *_ANSWERS) and conn.mode != mode:
                     self._close(conn, rst=True)
                     return
                 dst.sendall(data)

@@ -18,6 +18,7 @@ from ..errors import FsError
 from ..namespace import Inode
 from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key)
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
+from ..store_health import outage_cause
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,10 @@ class EntryIO:
                 log.info("store call given up: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
             except StoreError as exc:
-                log.error("store error: %s", exc)
+                if self.store_health.unavailable and outage_cause(exc) is not None:
+                    log.debug("store error: %s", exc)   # the outage is said once (0016)
+                else:
+                    log.error("store error: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
 
     def _key_of(self, inode: Inode) -> str:

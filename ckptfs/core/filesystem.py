@@ -26,8 +26,10 @@ from ..liveness import ChunkLiveness, GuardedStore
 from ..publish_queue import PublishQueue
 from ..upload import ChunkUploader, UploadGate
 from ..cache import ChunkCache
+from ..store_health import StoreHealth
 from ..staging import Staging
-from ..store import ObjectStore
+from ..remote import FORMAT_KEY
+from ..store import ObjectStore, StoreError
 from .state import (MAX_STAGED_FRACTION, Config, DirMarks,
                     Handle, Runtime)
 from .entries import EntryIO
@@ -45,6 +47,10 @@ from .status import Status
 from .state import InodeState
 
 log = logging.getLogger(__name__)
+
+
+# Seconds between looks for the store's marker (one HEAD each).
+MARKER_CHECK_INTERVAL = 10.0
 
 
 class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WritePath, ReadPath, Publish, Seal, MetaLogApply, Recovery, Status):
@@ -77,14 +83,17 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
         # Async mode: background uploads give way to a writer that is writing.
         self.upload_gate = UploadGate(config.upload_hold)
-        self.store = GuardedStore(store, self.liveness)
+        # What background work knows of the store's health (decision 0016).
+        self.store_health = StoreHealth()
+        self.store = GuardedStore(store, self.liveness,
+                                  lambda: self.store_health.marker_lost)
         self.uploader = ChunkUploader(
             store, self.liveness, trio.CapacityLimiter(config.upload_concurrency),
             ns.chunk_mark,
             slot=self.upload_gate.slot if config.durability == "async" else None,
             buffers=cache.buffers)
         # Async mode's metadata log (decision 0012) and the epochs of pending publishes.
-        self.oplog = MetaLog(ns, on_done=self._meta_done)
+        self.oplog = MetaLog(ns, on_done=self._meta_done, health=self.store_health)
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
         # Async mode: closed bytes not yet uploaded are bounded (writers wait past it).
@@ -92,7 +101,8 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
             int(shutil.disk_usage(staging.root).free * MAX_STAGED_FRACTION)
         self.writers_waiting = 0
         self._staged_bytes = (0.0, 0)          # (when counted, bytes)
-        self.queue = PublishQueue(self._publish_from_queue, ready=self._publish_ready)
+        self.queue = PublishQueue(self._publish_from_queue, ready=self._publish_ready,
+                                  health=self.store_health)
         self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
                                    lambda ino: getattr(self.runtime.get(ino), "session", None)
                                    is not None,
@@ -128,7 +138,30 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         async with trio.open_nursery() as nursery:
             await nursery.start(self.queue.run)
             await nursery.start(self.oplog.run, self._execute_meta)
+            nursery.start_soon(self._watch_marker)
             task_status.started()
+
+    async def _watch_marker(self) -> None:
+        """Look for the store's format marker now and then, and at once when the store
+        says the bucket is missing: a bucket deleted under the mount stops publishing
+        (decision 0016).  A failed look says nothing (outages are seen elsewhere).  A
+        store that had no marker at the first look (the core's tests over a bare
+        ``MemoryStore``; a mount always has one) is not watched."""
+        first = True
+        while True:
+            if not first:
+                with trio.move_on_after(MARKER_CHECK_INTERVAL):
+                    await self.store_health.check_marker.wait()
+            try:
+                present = await trio.to_thread.run_sync(self.store.inner.exists, FORMAT_KEY,
+                                                        abandon_on_cancel=True)
+            except StoreError:
+                first = False
+                continue
+            if first and not present:
+                return
+            first = False
+            self.store_health.marker_checked(present)
 
     def _deferred(self) -> bool:
         """Async mode: metadata changes are local first, the store follows in order."""

@@ -11,11 +11,16 @@ import trio
 
 from ..errors import FsError
 from ..namespace import Inode
-from ..oplog import OpDropped
+from ..oplog import Blocked, OpDropped
 from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 log = logging.getLogger(__name__)
+
+
+class NameTaken(Exception):
+    """The name a journaled ``mkdir`` creates holds another node's object that is not a
+    directory (or cannot be read): not joinable."""
 
 
 class MetaLogApply:
@@ -28,7 +33,7 @@ class MetaLogApply:
         await self._recovered.wait()
         kind = record.get("kind")
         if kind == "mkdir":
-            await self._exec_mkdir(record)
+            await self._exec_mkdir(seq, record)
         elif kind == "move":
             await self._exec_move(seq, record)
         elif kind == "delete":
@@ -36,14 +41,14 @@ class MetaLogApply:
         elif kind == "seal":
             await self._exec_seal(seq, record)
         else:
-            raise OpDropped(f"unknown record kind {kind!r}")
+            raise Blocked(f"unknown record kind {kind!r} (written by a newer ckptfs?)")
 
     def _logged_key(self, record: dict, dir_field: str = "parent_id",
                     name_field: str = "name") -> str:
         return entry_key(self.oplog.resolve(record[dir_field]),
                          bytes.fromhex(record[name_field]))
 
-    async def _exec_mkdir(self, record: dict) -> None:
+    async def _exec_mkdir(self, seq: int, record: dict) -> None:
         ino = record["ino"]
         key = self._logged_key(record)
         async with self._rt(ino).lock:      # an rmdir meanwhile waits, then sees it
@@ -57,8 +62,29 @@ class MetaLogApply:
                 inode.listed_at = time.time()
                 self.ns.save(inode)
             else:
-                await self._join_dir(inode, key)
+                try:
+                    await self._join_dir(inode, key)
+                except NameTaken as exc:
+                    # Kept under a name of its own; the log tries that name next.
+                    self._rename_to_conflict(seq, record, inode, str(exc))
+                    raise Blocked(f"renamed after a conflict: {exc}") from None
         self._drop_rt(ino)
+
+    def _rename_to_conflict(self, seq: int, record: dict, inode: Inode, why: str) -> None:
+        """Another node's object holds the name this directory was made under: the
+        directory keeps everything under a visible name of its own,
+        ``NAME.ckptfs-conflict-<node>`` (said once), and its record is retried under it
+        (decision 0016: a conflict never deletes)."""
+        base = inode.name + b".ckptfs-conflict-" + self.leases.node_id.encode()[:12]
+        name, n = base, 1
+        while self.ns.lookup(inode.parent, name) is not None:
+            n += 1
+            name = base + b"-" + str(n).encode()
+        log.warning("%s: %s; this node's directory is kept as %s", self._path_for_log(inode),
+                    why, name.decode(errors="replace"))
+        self.ns.move(inode, inode.parent, name)
+        self._touch_dir(inode.parent)
+        self.oplog.update(seq, {**record, "name": name.hex(), "retry_now": True})
 
     async def _join_dir(self, inode: Inode, key: str) -> None:
         """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
@@ -70,10 +96,9 @@ class MetaLogApply:
         try:
             other = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry as exc:
-            raise OpDropped(f"the store's entry {key} is corrupt ({exc})") from None
+            raise NameTaken(f"the store's entry {key} is corrupt ({exc})") from None
         if other.type != "dir":
-            raise OpDropped(f"another node made {key} a {other.type}; this directory "
-                            f"stays on this node only")
+            raise NameTaken(f"another node made {key} a {other.type}")
         old_id = inode.dir_id
         if other.id != old_id:
             log.info("%s was created by another node too: joined its directory",
@@ -169,7 +194,7 @@ class MetaLogApply:
         if inode is None or not inode.parent or not inode.staged or inode.type != "dir":
             return
         if self._pending_under(ino, list(self.queue.failed)):
-            raise OpDropped("a file below failed to upload for good: it stays unsealed")
+            raise Blocked("a file below is refused by the store: the seal waits for it")
         if not await self.leases.may_seal(ino):
             return   # other nodes still write below it: pending (leases.py)
         key = self._logged_key(record)

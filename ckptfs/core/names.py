@@ -121,9 +121,13 @@ class Names:
                     raise FsError(errno.EEXIST)
             raise FsError(errno.EEXIST)
         self._touch_dir(parent)
+        # A directory this node created in the store is known to be empty: its listing
+        # is this node's until the TTL runs out (a lookup below it never has to wait for
+        # the store, which may be gone by then).
         inode = self.ns.new_inode(parent, name, "dir", entry.mode, entry.uid, entry.gid,
                                   dir_id=entry.id, published=True, remote_etag=etag or None,
-                                  mtime_ns=entry.mtime_ns, staged=entry.staged)
+                                  mtime_ns=entry.mtime_ns, staged=entry.staged,
+                                  listed_at=time.time() if created else 0.0)
         self._mark_parent_changed(parent_inode)
         if not created:
             raise FsError(errno.EEXIST)

@@ -124,16 +124,18 @@ class Seal:
         return False
 
     def _refuse_if_failed_below(self, dir_ino: int) -> None:
-        """A file below that failed to upload for good makes the tree incomplete for
-        good: EIO, never a wait without end or a seal of a partial checkpoint."""
+        """A file below that the store refuses (it waits for an operator, decision 0016)
+        makes the tree incomplete for now: EIO, never a wait without end or a seal of a
+        partial checkpoint."""
         if self._pending_under(dir_ino, list(self.queue.failed)):
-            raise FsError(errno.EIO, "a file below failed to upload for good (see "
-                                     "`ckptfs status`): the tree is incomplete")
+            raise FsError(errno.EIO, "a file below is refused by the store and waits for "
+                                     "an operator (see `ckptfs status`): the tree is "
+                                     "incomplete")
 
     async def _wait_uploads_under(self, dir_ino: int) -> None:
         """Until every closed file below a directory is in the store (a sealed or
-        renamed tree appears complete).  An upload that failed for good below it makes
-        the tree incomplete for good: EIO, never a wait without end."""
+        renamed tree appears complete).  An upload below it that waits for an operator
+        makes the tree incomplete: EIO, never a wait without end."""
         while True:
             self._refuse_if_failed_below(dir_ino)
             if not self._pending_under(dir_ino, self.queue.active()):

@@ -46,6 +46,11 @@ class Status:
         and metadata changes on their way (async mode)."""
         return len(self.queue.queued | set(self._held_pointers)) + len(self.oplog.pending)
 
+    def store_unavailable(self) -> str | None:
+        """One line while background work finds the store away (decision 0016)."""
+        return self.store_health.describe(len(self.oplog.pending),
+                                          len(self.queue.queued | set(self._held_pointers)))
+
     def unfinished(self) -> int:
         """Work still to reach the store that is not failed for good."""
         return len(self.queue.active()) + len(self.oplog.pending)
@@ -84,6 +89,7 @@ class Status:
                 "uploads_held_for_writer_s": round(self.upload_gate.held_for(), 2)
                 if self._deferred() and self.queue.active() else 0.0,
                 "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
+                "store_unavailable": self.store_unavailable(),
                 "chunks_uploaded": up.chunks_uploaded,
                 "chunks_deduplicated": up.chunks_deduplicated,
                 "bytes_uploaded": up.bytes_uploaded,

@@ -8,7 +8,7 @@ opens the store a URL names.  The names every other layer uses are re-exported h
 FUSE: it moves opaque bytes under opaque keys.
 """
 
-from .base import (ListedObject, NotFound, ObjectStore, PreconditionFailed, StoreClosed,
+from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, ObjectStore, PreconditionFailed, StoreClosed,
                    StoreError, StoreTimeout, TransientStoreError, is_permanent,
                    store_cause)
 from .local import LocalStore
@@ -19,7 +19,7 @@ from .s3 import S3Store
 from .url import BadStoreURL, open_store
 
 __all__ = [
-    "BadStoreURL", "Call", "CountingStore", "Gate", "ListedObject", "LocalStore",
+    "AccessDenied", "BucketMissing", "BadStoreURL", "Call", "CountingStore", "Gate", "ListedObject", "LocalStore",
     "MemoryStore", "NotFound", "ObjectStore", "PreconditionFailed", "RetryPolicy",
     "RetryingStore", "S3Store", "StoreClosed", "StoreError", "StoreStats", "StoreTimeout",
     "TransientStoreError", "is_permanent", "open_store", "store_cause", "store_policy",

@@ -21,6 +21,15 @@ class TransientStoreError(StoreError):
     """A store operation failed in a way worth retrying (5xx, throttling, resets)."""
 
 
+class AccessDenied(StoreError):
+    """The store refuses this node's credentials (401/403: rotated, revoked, an expired
+    token).  An outage, not a verdict on the request: background work retries it."""
+
+
+class BucketMissing(StoreError):
+    """The bucket (or the local store's directory) does not exist.  An outage too."""
+
+
 class NotFound(StoreError):
     """The key does not exist."""
 

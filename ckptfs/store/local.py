@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .base import ListedObject, NotFound, PreconditionFailed, StoreError
+from .base import BucketMissing, ListedObject, NotFound, PreconditionFailed, StoreError
 
 
 class LocalStore:
@@ -59,7 +59,7 @@ class LocalStore:
 
     def check(self) -> None:
         if not self.root.is_dir():
-            raise StoreError(f"store directory {self.root} does not exist")
+            raise BucketMissing(f"store directory {self.root} does not exist")
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise StoreError(f"store directory {self.root} is not writable")
 

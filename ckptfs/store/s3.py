@@ -13,8 +13,8 @@ import hashlib
 import logging
 from collections.abc import Iterator
 
-from .base import (ListedObject, NotFound, PreconditionFailed, StoreError,
-                   TransientStoreError, copy_into)
+from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, PreconditionFailed,
+                   StoreError, TransientStoreError, copy_into)
 from .s3_http import ChunkHTTP, EndpointMismatch, b64_digest
 
 log = logging.getLogger(__name__)
@@ -127,13 +127,13 @@ class S3Store:
         if code in ("PreconditionFailed", "412") or status == 412:
             return PreconditionFailed(key)
         if code == "NoSuchBucket":
-            return StoreError(f"bucket {self.bucket!r} does not exist")
+            return BucketMissing(f"bucket {self.bucket!r} does not exist")
         if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and not code):
             return NotFound(key)
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                     "403", "InvalidToken", "ExpiredToken") or (status == 403 and not code):
-            return StoreError(f"access denied by the store ({code or status}): check "
-                              "credentials")
+            return AccessDenied(f"access denied by the store ({code or status}): check "
+                                "credentials")
         if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
                                                                "RequestTimeout",
                                                                "InternalError",
@@ -147,7 +147,7 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001 - translated below
             err = self._translate(exc, "")
             if isinstance(err, NotFound):
-                raise StoreError(f"bucket {self.bucket!r} does not exist") from None
+                raise BucketMissing(f"bucket {self.bucket!r} does not exist") from None
             if isinstance(err, TransientStoreError):
                 raise StoreError(f"store unreachable: {err}") from None
             raise err from None

@@ -214,9 +214,9 @@ def test_one_state_dir_one_daemon(local_store, make_mount, tmp_path):
     assert not os.path.ismount(first.path)
 
 
-@pytest.mark.expect_log_errors(r"store error: injected fault", r"failed for good")
-def test_permanent_store_error_is_not_retried_and_shows_in_status(local_store, make_mount,
-                                                                  tmp_path):
+@pytest.mark.expect_log_errors(r"store error: injected fault", r"needs an operator")
+def test_a_refused_upload_waits_for_an_operator_and_shows_in_status(local_store, make_mount,
+                                                                    tmp_path):
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": []}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
@@ -228,11 +228,12 @@ def test_permanent_store_error_is_not_retried_and_shows_in_status(local_store, m
     print(f"ckptfs wait on a permanently failing upload: exit {proc.returncode} after "
           f"{time.monotonic() - started:.1f} s: {proc.stderr.strip()!r}")
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if "failed for good" in line]
+    lines = [line for line in proc.stderr.splitlines() if "needs an operator" in line]
     assert len(lines) == 1 and "injected fault on put dirs/root/refused" in lines[0]
     failing = mnt.status()["fs"]["failing_uploads"]
-    assert len(failing) == 1 and "failed for good" in next(iter(failing.values()))
-    time.sleep(5)          # the old queue retried every 2 s, forever
+    assert len(failing) == 1 and "needs an operator" in next(iter(failing.values()))
+    assert mnt.status()["fs"]["pending_uploads"] == 1     # kept, never dropped
+    time.sleep(5)          # retried slowly (every 300 s), said once
     assert daemon_log(mnt).count("background publish of inode") == 1
     # A new close of the file is a new chance; with the store fixed it publishes.
     control.write_text(json.dumps({"rules": []}))
@@ -287,8 +288,8 @@ def test_name_too_long_as_a_store_key_is_refused_before_staging(store, make_moun
     assert (other.path / ("%" * 85)).read_bytes() == b"fits"
 
 
-@pytest.mark.expect_log_errors(r"injected fault on put", r"failed for good", r"upload failed",
-                               r"incomplete")
+@pytest.mark.expect_log_errors(r"injected fault on put", r"needs an operator",
+                               r"upload failed", r"incomplete")
 def test_commit_above_an_upload_failed_for_good_answers_at_once(local_store, make_mount,
                                                                 tmp_path):
     control = tmp_path / "faults.json"

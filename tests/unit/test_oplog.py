@@ -8,14 +8,21 @@ import trio
 from ckptfs.namespace import Namespace
 from ckptfs.oplog import MetaLog, OpDropped
 from ckptfs.retrypolicy import RetryPolicy
-from ckptfs.store import StoreError, TransientStoreError
+from ckptfs.store import AccessDenied, BucketMissing, StoreError, TransientStoreError
+from ckptfs.store_health import StoreHealth
 
 
-def test_records_apply_in_order_transient_errors_retry_permanent_ones_drop(tmp_path):
+def test_records_apply_in_order_and_no_store_error_ever_drops_one(tmp_path):
+    """Transient errors, access denied, a missing bucket and a refused request are all
+    retried, in order; only a record with nothing left to apply (``OpDropped``) leaves
+    the journal without reaching the store (decision 0016)."""
     ns = Namespace(tmp_path / "meta")
     applied: list[int] = []
     failures = {"b": [TransientStoreError("503"), TransientStoreError("503")],
-                "c": [StoreError("400 key too long")], "d": [OpDropped("changed")]}
+                "c": [AccessDenied("access denied by the store (403)")] * 3,
+                "d": [BucketMissing("bucket 'x' does not exist")],
+                "e": [StoreError("400 key too long")],
+                "f": [OpDropped("removed here since")]}
 
     async def execute(seq: int, record: dict) -> None:
         errors = failures.get(record["name"])
@@ -24,19 +31,28 @@ def test_records_apply_in_order_transient_errors_retry_permanent_ones_drop(tmp_p
         applied.append(seq)
 
     async def main() -> None:
-        log = MetaLog(ns, policy=RetryPolicy(attempts=None, base_delay=0.01, max_delay=0.02))
-        seqs = [log.add({"kind": "x", "name": n}, dirs=[1, 2]) for n in "abcde"]
+        health = StoreHealth()
+        log = MetaLog(ns, policy=RetryPolicy(attempts=None, base_delay=0.01, max_delay=0.02),
+                      health=health)
+        seqs = [log.add({"kind": "x", "name": n}, dirs=[1, 2]) for n in "abcdefg"]
         assert log.is_busy(1) and log.is_busy(2) and not log.is_busy(3)
         assert log.epoch() == seqs[-1] and not log.done_through(seqs[0])
+        outages: list[str | None] = []
         async with trio.open_nursery() as nursery:
             await nursery.start(log.run, execute)
+
+            async def watch() -> None:
+                while True:
+                    outages.append(health.cause)
+                    await trio.sleep(0.002)
+            nursery.start_soon(watch)
             with trio.fail_after(10):
                 await log.wait_idle()
             nursery.cancel_scope.cancel()
-        # a, b (after two retries), e: in order; c (permanent) and d (dropped) left out.
-        assert applied == [seqs[0], seqs[1], seqs[4]]
-        assert log.dropped == 2 and not log.pending and not log.is_busy(1)
+        assert applied == [seqs[0], seqs[1], seqs[2], seqs[3], seqs[4], seqs[6]]
+        assert log.dropped == 1 and not log.pending and not log.is_busy(1)
         assert log.done_through(seqs[-1]) and ns.journal() == []
+        assert "access denied" in outages and health.cause is None
 
     trio.run(main)
 

@@ -10,7 +10,7 @@ import trio.testing
 
 from ckptfs.publish_queue import PublishQueue
 from ckptfs.retrypolicy import RetryPolicy
-from ckptfs.store import (MemoryStore, RetryingStore, StoreTimeout, TransientStoreError,
+from ckptfs.store import (MemoryStore, RetryingStore, StoreError, StoreTimeout, TransientStoreError,
                           store_policy)
 
 
@@ -97,12 +97,38 @@ def test_the_publish_queue_backs_off_by_its_policy():
     assert not queue.queued and not queue.failing
 
 
-def test_the_publish_queue_gives_up_after_the_policy_s_attempts():
-    times, queue = _run_queue(RetryPolicy(attempts=3, base_delay=1.0), 100,
+def test_an_outage_is_retried_past_the_policy_s_attempts():
+    """A store that is away (here 503s) is an outage: retried until it answers, however
+    many attempts the policy names (decision 0016)."""
+    times, queue = _run_queue(RetryPolicy(attempts=3, base_delay=1.0, max_delay=5.0), 10,
                               TransientStoreError("503"))
-    assert len(times) == 3
-    assert 7 in queue.failed and "after 3 attempts" in queue.failing[7]
-    assert queue.queued == {7} and not queue.active()     # kept journaled, not retried
+    assert len(times) == 11
+    assert not queue.queued and not queue.failed and queue.health.cause is None
+
+
+def test_a_refused_publish_needs_an_operator_and_is_still_retried():
+    """A request the store refuses is never given up: it waits for an operator (in
+    ``failed``, said once) and is tried again every ``refused_retry`` seconds."""
+    times: list[float] = []
+
+    async def publish(ino: int) -> bool:
+        times.append(trio.current_time())
+        raise StoreError("InvalidArgument: bad key")
+
+    queue = PublishQueue(publish, workers=1, refused_retry=300.0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(queue.run)
+            queue.submit(7)
+            await queue.wait_idle()          # returns: nothing left but what waits
+            assert 7 in queue.failed and "needs an operator" in queue.failing[7]
+            await trio.sleep(700)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert times == [0.0, 300.0, 600.0]
+    assert queue.queued == {7} and not queue.active()     # kept journaled
 
 
 def test_a_corrupt_chunk_is_fetched_as_often_as_the_cache_policy_says(tmp_path):

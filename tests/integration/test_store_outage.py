@@ -1,0 +1,188 @@
+"""Local-first holds for every way the store goes away, and nothing journaled is ever
+dropped (issue 21, items 1 and 10; decision 0016, the fault model).
+
+An async node whose store refuses connections, resets them, answers 503, 403
+(``AccessDenied``: credentials rotated, a token expired) or 404 ``NoSuchBucket`` keeps
+saving, renaming and sealing on the node; ``ckptfs wait`` does not say done while
+anything is pending and names the outage; once the store answers again everything
+reaches it, and a fresh node sees it all."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import eventually, run_ckptfs
+
+MiB = 1 << 20
+
+OUTAGE_ERRORS = (r"store error: ", r"store timeout: ", r"failed after \d+ attempts",
+                 r"store unavailable", r"access denied", r"does not exist",
+                 r"lost its marker")
+
+
+def save_run(root, weights: bytes) -> None:
+    """What a training job does meanwhile: a file, a directory renamed into place, an
+    HF-style checkpoint written in place and sealed by ``trainer_state.json``."""
+    run = root / "run"
+    (run / "new.bin").write_bytes(b"new")
+    tmp = run / "tmp-1"
+    tmp.mkdir()
+    (tmp / "model.bin").write_bytes(weights)
+    os.rename(tmp, run / "ckpt-1")
+    hf = run / "checkpoint-7"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(weights[:MiB])
+    (hf / "trainer_state.json").write_text("{}")
+
+
+def check_run(root, weights: bytes, sealed: bool = True) -> None:
+    """``sealed``: the in-place checkpoint's seal has reached the store (until then it is
+    staged: unlisted, reachable by its name, decision 0012)."""
+    run = root / "run"
+    listed = ["checkpoint-7", "ckpt-1", "new.bin"] if sealed else ["ckpt-1", "new.bin"]
+    assert sorted(os.listdir(run)) == listed, os.listdir(run)
+    assert (run / "new.bin").read_bytes() == b"new"
+    assert (run / "ckpt-1" / "model.bin").read_bytes() == weights
+    assert (run / "checkpoint-7" / "model.safetensors").read_bytes() == weights[:MiB]
+    assert sorted(os.listdir(run / "checkpoint-7")) == ["model.safetensors",
+                                                         "trainer_state.json"]
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
+@pytest.mark.parametrize("fault", ["403", "nobucket", "refuse", "503"])
+def test_async_work_survives_any_store_outage(fault, store_proxy, s3_store, make_mount):
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "3", "--metadata-ttl", "0.2"))
+    root = mnt.path
+    (root / "run").mkdir()
+    run_ckptfs("wait", str(root), check=True, timeout=60)
+
+    store_proxy.proxy.mode = fault
+    weights = os.urandom(3 * MiB)
+    save_run(root, weights)           # every step succeeds on the node
+    check_run(root, weights, sealed=False)
+
+    waited = run_ckptfs("wait", str(root), "--timeout", "4", timeout=60)
+    assert waited.returncode != 0, waited
+    status = mnt.status()
+    outage = status["fs"].get("store_unavailable")
+    assert outage, status["fs"]
+    assert "waiting" in outage, outage
+
+    store_proxy.proxy.mode = "pass"
+    run_ckptfs("wait", str(root), check=True, timeout=180)
+    fs = mnt.status()["fs"]
+    assert fs["pending_metadata"] == 0 and not fs.get("store_unavailable"), fs
+    check_run(root, weights)
+
+    other = make_mount(s3_store, name="fresh")
+    assert eventually(lambda: (other.path / "run" / "checkpoint-7").exists()), \
+        os.listdir(other.path / "run")
+    check_run(other.path, weights)
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
+def test_a_remount_during_an_access_denied_outage_keeps_the_journal(
+        store_proxy, s3_store, make_mount):
+    """Stopped while the store says 403: the journal stays; the next mount (whose
+    check at start fails) ... is refused with one line, and the one after the outage
+    replays everything."""
+    mnt = make_mount(store_proxy, durability="async", extra=("--store-timeout", "3"))
+    root = mnt.path
+    (root / "run").mkdir()
+    run_ckptfs("wait", str(root), check=True, timeout=60)
+    store_proxy.proxy.mode = "403"
+    weights = os.urandom(2 * MiB)
+    save_run(root, weights)
+    proc = run_ckptfs("umount", str(root), "--timeout", "3", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "stay journaled" in proc.stderr, proc.stderr
+    store_proxy.proxy.mode = "pass"
+    mnt.start("--store-timeout", "3", durability="async")
+    run_ckptfs("wait", str(root), check=True, timeout=180)
+    other = make_mount(s3_store, name="fresh")
+    check_run(other.path, weights)
+    assert json.loads(run_ckptfs("status", "--json", str(root), check=True).stdout)[
+        "fs"]["pending_metadata"] == 0
+
+
+def _client(seaweed):
+    import boto3
+    env = seaweed.env()
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"],
+                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                        region_name=env["AWS_DEFAULT_REGION"])
+
+
+def _empty_and_delete_bucket(seaweed, bucket: str) -> None:
+    client = _client(seaweed)
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=bucket, Key=obj["Key"])
+    client.delete_bucket(Bucket=bucket)
+
+
+def _bucket_exists(seaweed, bucket: str) -> bool:
+    client = _client(seaweed)
+    try:
+        client.head_bucket(Bucket=bucket)
+        return True
+    except Exception:  # noqa: BLE001 - botocore's ClientError: no bucket
+        return False
+
+
+def _entry_keys(seaweed, bucket: str) -> list[str]:
+    client = _client(seaweed)
+    try:
+        pages = list(client.get_paginator("list_objects_v2").paginate(Bucket=bucket))
+    except Exception:  # noqa: BLE001 - botocore's ClientError: no bucket
+        return []
+    return [o["Key"] for p in pages for o in p.get("Contents", []) if "/dirs/" in o["Key"]]
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS, r"lost its marker", r"upload failed",
+                               r"publish")
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_bucket_deleted_under_the_mount_stops_publishing_loudly(durability, seaweed,
+                                                                   make_mount):
+    """SeaweedFS (like some S3 stores with auto-create) re-creates a deleted bucket on the
+    next PUT: without a look for the store's marker, writes would go on into an empty
+    store that lost ``ckptfs.json`` and every older entry (issue 21 item 11)."""
+    from conftest import StoreSpec
+    bucket = f"lost-{durability}"
+    seaweed.create_bucket(bucket)
+    spec = StoreSpec("s3", f"s3://{bucket}/p", env=seaweed.env(), seaweed=seaweed)
+    mnt = make_mount(spec, durability=durability, extra=("--store-timeout", "3"))
+    (mnt.path / "before.bin").write_bytes(b"before")
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=60)
+
+    _empty_and_delete_bucket(seaweed, bucket)
+    assert eventually(lambda: mnt.status()["fs"].get("store_unavailable"), timeout=40), \
+        mnt.status()["fs"]
+    assert "ckptfs.json" in mnt.status()["fs"]["store_unavailable"]
+
+    if durability == "sync":
+        with pytest.raises(OSError):          # close() says it is not saved
+            (mnt.path / "after.bin").write_bytes(b"after")
+    else:
+        (mnt.path / "after.bin").write_bytes(b"after")     # kept on the node
+        waited = run_ckptfs("wait", str(mnt.path), "--timeout", "4", timeout=60)
+        assert waited.returncode != 0 and "ckptfs.json" in waited.stderr, waited.stderr
+        assert (mnt.path / "after.bin").read_bytes() == b"after"
+    assert _entry_keys(seaweed, bucket) == []       # nothing published into the new bucket
+    log = (mnt.state_dir / "ckptfs.log").read_text()
+    assert log.count("the store lost its marker ckptfs.json (the bucket was") == 1, log
+
+    # A remount of this state dir refuses to start over an empty store (it would make a
+    # new marker and publish into it as if nothing had been lost).
+    run_ckptfs("umount", str(mnt.path), "--timeout", "3", check=True, timeout=120)
+    seaweed.create_bucket(bucket) if not _bucket_exists(seaweed, bucket) else None
+    proc = run_ckptfs("mount", str(mnt.path), "--store", spec.url, "--state-dir",
+                      str(mnt.state_dir), "--durability", durability, env=spec.env)
+    assert proc.returncode != 0, proc
+    assert "lost its marker" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+        proc.stderr
