@@ -7,7 +7,9 @@ Every local user may connect.  Who asks is known from the socket's peer credenti
 (``SO_PEERCRED``): anyone may ask ``status``, ``staged``, ``state`` and ``wait``;
 ``commit`` and ``prefetch`` need the caller's own permission on the path (write, resp.
 read, with search on every directory above it: checked like access(2), against the
-uid and groups of the calling process); ``gc`` and ``umount`` are root's.
+uid and groups of the calling process); ``prefetch`` of a tree walks it as the caller
+would, skipping (and counting) the files it may not read and the directories it may not
+list and search; ``gc`` and ``umount`` are root's.
 
 Knows the filesystem's public calls and the daemon's stop and drain hooks (``Host``);
 nothing of FUSE request details or of how the store is reached.
@@ -352,14 +354,17 @@ class ControlServer:
         if top is None:
             return
         relative = self._relative(path) or b""
+
+        def allowed(inode: Inode) -> bool:
+            """What ``cat`` and ``ls`` would let the caller have: a file it may read,
+            a directory it may list and search."""
+            return permitted(inode, peer, READ | EXECUTE if inode.type == "dir" else READ)
+
         try:
-            files = await fs.files_under(top, relative.lstrip(b"."))
+            files, skipped = await fs.files_under(top, relative.lstrip(b"."), allowed)
         except FsError as exc:
             await send({"error": f"{path}: {os.strerror(exc.errno)}"})
             return
-        if not peer.root:
-            files = [(name, inode) for name, inode in files
-                     if permitted(inode, peer, READ)]
         total = sum(inode.size for _, inode in files)
         progress = {"done_bytes": 0}
         failed: list[str] = []
@@ -381,4 +386,4 @@ class ControlServer:
                     failed.append(f"{os.fsdecode(name)}: {exc}")
             nursery.cancel_scope.cancel()
         await send({"done": True, "ok": not failed, "files": len(files), "bytes": total,
-                    "failed": failed})
+                    "skipped": skipped, "failed": failed})
