@@ -184,3 +184,141 @@ def test_prefetch_as_a_user_skips_what_they_cannot_search_or_read(open_base, mou
     assert proc.returncode == 0, proc.stderr
     assert "prefetched 3 file(s)" in proc.stdout and "skipped" not in proc.stdout
     assert fetched_bytes(b) - before == MiB + 2 * MiB + 3_000_000
+
+
+# --------------------------------------------------------------------------- abuse (7)
+
+IDLE = 3000
+
+
+def hog(path: str, stop_r: int, ready_w: int) -> int:
+    """As the ordinary user: keep ``IDLE`` idle connections open (a rolling window,
+    so closed ones are replaced), and stream a request that never ends, reconnecting
+    whenever the daemon hangs up, until ``stop_r`` closes."""
+    stopping = threading.Event()
+
+    def stream() -> None:
+        piece = b"x" * 65536
+        while not stopping.is_set():
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(2)
+                    s.connect(path)
+                    s.sendall(b'{"cmd": "status", "pad": "')
+                    while not stopping.is_set():
+                        s.sendall(piece)
+            except OSError:
+                time.sleep(0.01)
+
+    threading.Thread(target=stream, daemon=True).start()
+    held: collections.deque[socket.socket] = collections.deque()
+    attempts = 0
+    while not select.select([stop_r], [], [], 0)[0]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1)
+        try:
+            s.connect(path)
+            held.append(s)
+        except OSError:
+            s.close()
+        attempts += 1
+        if len(held) > IDLE:
+            held.popleft().close()
+        if attempts == IDLE:
+            os.write(ready_w, b"r")
+        if attempts >= IDLE:
+            time.sleep(0.002)       # then a steady trickle of new ones
+    stopping.set()
+    return 0
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+WRITE_AND_LS = textwrap.dedent("""
+    import os, sys
+    d = sys.argv[1]
+    with open(os.path.join(d, sys.argv[2]), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    print(len(os.listdir(d)))
+""")
+
+
+def write_and_ls(mnt: Mount, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", WRITE_AND_LS, str(mnt.path), name],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_user_flooding_the_control_socket_cannot_starve_the_daemon(
+        open_base, mounts, local_store, job_user):
+    mnt = mounts("node", local_store)
+    # The fd limit a systemd service gets by default: a flood without a cap reaches it.
+    resource.prlimit(mnt.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+    assert write_and_ls(mnt, "warm.bin").returncode == 0
+    path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    log = mnt.state_dir / "ckptfs.log"
+    log_before = log.read_text()
+    rss_before, fds_before = rss_kib(mnt.pid), fd_count(mnt.pid)
+
+    stop_r, stop_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        status = 99
+        try:
+            os.close(stop_w)
+            drop_to(job_user)
+            status = hog(path, stop_r, ready_w)
+        finally:
+            os._exit(status)
+    os.close(stop_r)
+    os.close(ready_w)
+    try:
+        assert select.select([ready_r], [], [], 120)[0], "the flood never got going"
+        rss_peak, fds_peak = 0, 0
+        answers: list[tuple[int, int]] = []
+        cpu_before, started = cpu_seconds(mnt.pid), time.monotonic()   # shown, not asserted
+        for second in range(12):                 # past the request deadline, twice
+            rss_peak = max(rss_peak, rss_kib(mnt.pid))
+            fds_peak = max(fds_peak, fd_count(mnt.pid))
+            if second in (3, 9):
+                status = run_ckptfs("status", "--json", str(mnt.path), timeout=30)
+                answers.append((status.returncode,
+                                write_and_ls(mnt, f"during-{second}.bin").returncode))
+            time.sleep(1)
+        rss_peak = max(rss_peak, rss_kib(mnt.pid))
+        fds_peak = max(fds_peak, fd_count(mnt.pid))
+        seen = {"answers": answers, "fds": (fds_before, fds_peak),
+                "rss_kib": (rss_before, rss_peak),
+                "daemon_cpu": round((cpu_seconds(mnt.pid) - cpu_before)
+                                    / (time.monotonic() - started), 2)}
+        print(seen)
+        assert answers == [(0, 0), (0, 0)], seen
+        assert fds_peak - fds_before < 200, seen
+        assert rss_peak - rss_before < 8 * 1024, seen
+        # Root's umount is answered while the flood goes on.
+        mnt.stop()
+    finally:
+        os.close(stop_w)
+        os.waitpid(child, 0)
+    new = log.read_text()[len(log_before):]
+    assert "Traceback" not in new, new[:3000]
+    about = [line for line in new.splitlines() if "control" in line]
+    assert 1 <= len(about) <= 4, new[:3000]
+    assert str(job_user.pw_uid) in about[0], about
