@@ -127,7 +127,8 @@ def refuse(sock: socket.socket, message: str, code: str) -> None:
     fit the socket's send buffer at once is dropped."""
     try:
         sock.send(json.dumps({"error": f"ckptfs control socket: {message}",
-                              "errno": code}).encode() + b"\n", socket.MSG_DONTWAIT)
+                              "errno": code, "busy": True}).encode() + b"\n",
+                  socket.MSG_DONTWAIT)
     except OSError:
         pass
     sock.close()

@@ -145,3 +145,38 @@ async def test_requests_too_large_too_slow_or_too_deep_get_one_line(tmp_path, ca
                                           "no complete request within 0.5 s": 1}}
     assert not any(r.exc_info for r in caplog.records)
     assert server.gate.report()["connections"] == {}
+
+
+@pytest.mark.trio
+async def test_a_client_turned_away_as_busy_tries_again(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from ckptfs import api
+
+    path = str(tmp_path / "c.sock")
+    monkeypatch.setattr(api, "control_socket", lambda mountpoint: path)
+    server = ControlServer(FakeHost(), path,  # type: ignore[arg-type]
+                           Limits(per_uid=1, all_users=1, root=1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        held = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await held.connect(path)                 # root's one connection, idle
+        while not server.gate.held:
+            await trio.sleep(0.01)
+        answer: list[dict] = []
+
+        def ask() -> None:
+            answer.extend(api.request(Path("/mnt"), {"cmd": "status"}, timeout=60))
+
+        async def client() -> None:
+            await trio.to_thread.run_sync(ask)
+
+        nursery.start_soon(client)
+        while not server.gate.offences:          # it was turned away at least once
+            await trio.sleep(0.01)
+        held.close()                              # room again
+        while not answer:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert answer[0]["ok"] and answer[0]["control"]["refused"]["0"][
+        "connections over the cap"] >= 1
