@@ -236,6 +236,8 @@ class ControlServer:
                 request = json.loads(data)
                 command = request["cmd"]
             except (ValueError, KeyError, TypeError, RecursionError):
+                command = None
+            if not isinstance(command, str):
                 await stream.send_all(b'{"error": "bad request"}\n')
                 return
 

@@ -133,12 +133,14 @@ async def test_requests_too_large_too_slow_or_too_deep_get_one_line(tmp_path, ca
             "large": await _ask(path, b"x" * 4097),     # read whole: no reset
             "slow": await _ask(path, b'{"cmd": "sta'),
             "deep": await _ask(path, b"[" * 2000 + b"]" * 2000 + b"\n"),
+            "odd": await _ask(path, b'{"cmd": ["status"]}\n'),
             "status": await _ask(path, b'{"cmd": "status"}\n'),
         }
         nursery.cancel_scope.cancel()
     assert json.loads(replies["large"])["errno"] == "EMSGSIZE"
     assert json.loads(replies["slow"])["errno"] == "ETIMEDOUT"
     assert json.loads(replies["deep"]) == {"error": "bad request"}
+    assert json.loads(replies["odd"]) == {"error": "bad request"}
     status = json.loads(replies["status"])
     assert status["ok"] and status["control"]["refused"] == {
         str(os.getuid()): {"request over 4096 bytes": 1,
