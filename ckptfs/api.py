@@ -20,6 +20,7 @@ insides.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import socket
@@ -99,12 +100,42 @@ def control_socket(mountpoint: Path) -> str:
         raise NotMounted(f"{mountpoint} is not a ckptfs mount ({exc.strerror})") from None
 
 
+BUSY_RETRY_FOR = 60.0   # s a request the daemon turned away as busy is retried (no timeout)
+
+
 def request(mountpoint: Path, doc: dict, timeout: float | None = None) -> Iterator[dict]:
     """Send ``doc`` to the daemon serving ``mountpoint``; yield its replies.  Past
     ``timeout`` seconds (overall) ``TimeoutError``; every failure to reach or understand
-    the daemon is a ``ConnectionError`` with one line."""
+    the daemon is a ``ConnectionError`` with one line.  A connection the daemon turns
+    away because its caps are full (``busy``: many connections of this user at once)
+    is tried again, with backoff, until ``timeout`` (or ``BUSY_RETRY_FOR``)."""
     path = control_socket(mountpoint)
     deadline = None if timeout is None else time.monotonic() + timeout
+    give_up = time.monotonic() + BUSY_RETRY_FOR if deadline is None else deadline
+    pause = 0.05
+    while True:
+        sock = _connect(mountpoint, path)
+        try:
+            sock.sendall(json.dumps(doc).encode() + b"\n")
+            lost = None
+        except OSError as exc:      # turned away before it read: its reply is there
+            lost = exc
+        replies = _replies(mountpoint, sock, deadline)
+        first = next(replies, None)
+        if first is None:
+            if lost is not None:
+                raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
+                                      f"({lost.strerror or lost})") from None
+            return iter(())
+        if first.get("busy") and time.monotonic() + pause < give_up:
+            replies.close()
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+            continue
+        return itertools.chain([first], replies)
+
+
+def _connect(mountpoint: Path, path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -118,13 +149,7 @@ def request(mountpoint: Path, doc: dict, timeout: float | None = None) -> Iterat
                                   f"({exc.strerror}); is the daemon still running?") from None
         raise ConnectionError(f"{mountpoint}: cannot reach the daemon at {path} "
                               f"({exc.strerror})") from None
-    try:
-        sock.sendall(json.dumps(doc).encode() + b"\n")
-    except OSError as exc:
-        sock.close()
-        raise ConnectionError(f"{mountpoint}: lost the connection to the daemon "
-                              f"({exc.strerror or exc})") from None
-    return _replies(mountpoint, sock, deadline)
+    return sock
 
 
 def _replies(mountpoint: Path, sock: socket.socket, deadline: float | None) -> Iterator[dict]:

@@ -454,9 +454,12 @@ def cmd_prefetch(path: Path) -> int:
             if reply.get("done"):
                 for failure in reply["failed"]:
                     print(f"ckptfs: prefetch failed: {failure}", file=sys.stderr)
+                skipped = reply.get("skipped", 0)
                 print(f"ckptfs: prefetched {reply['files']} file(s), "
                       f"{reply['bytes'] / 2**20:.1f} MiB" +
-                      (f", {len(reply['failed'])} failed" if reply["failed"] else ""))
+                      (f", {len(reply['failed'])} failed" if reply["failed"] else "") +
+                      (f", {skipped} skipped (no permission to read or search them)"
+                       if skipped else ""))
                 return 0 if reply["ok"] else 1
     except ConnectionError as exc:
         return fail(str(exc))

@@ -7,7 +7,9 @@ Every local user may connect.  Who asks is known from the socket's peer credenti
 (``SO_PEERCRED``): anyone may ask ``status``, ``staged``, ``state`` and ``wait``;
 ``commit`` and ``prefetch`` need the caller's own permission on the path (write, resp.
 read, with search on every directory above it: checked like access(2), against the
-uid and groups of the calling process); ``gc`` and ``umount`` are root's.
+uid and groups of the calling process); ``prefetch`` of a tree walks it as the caller
+would, skipping (and counting) the files it may not read and the directories it may not
+list and search; ``gc`` and ``umount`` are root's.
 
 Knows the filesystem's public calls and the daemon's stop and drain hooks (``Host``);
 nothing of FUSE request details or of how the store is reached.
@@ -20,6 +22,7 @@ import json
 import logging
 import math
 import os
+import resource
 import socket
 import struct
 import time
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
+from .control_gate import Gate, Limits
 from .errors import FsError
 from .namespace import ROOT_INO, Inode
 
@@ -104,47 +108,136 @@ class Host(Protocol):
     def request_stop(self, deadline: float) -> None: ...
 
 
+ACCEPT_RETRY = 0.1      # s to wait after accept(2) failed for want of descriptors
+REFUSE_PAUSE = 0.001    # s after refusing a connection: a flood costs at most ~1000/s
+QUIETLY = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EAGAIN})
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process that connected (``SO_PEERCRED``), None if unknown."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", raw)[1]
+
+
+def refuse(sock: socket.socket, message: str, code: str) -> None:
+    """One line of error and close, without reading and without waiting: what does not
+    fit the socket's send buffer at once is dropped."""
+    try:
+        sock.send(json.dumps({"error": f"ckptfs control socket: {message}",
+                              "errno": code, "busy": True}).encode() + b"\n",
+                  socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    sock.close()
+
+
 class ControlServer:
-    def __init__(self, host: Host, path: str) -> None:
+    def __init__(self, host: Host, path: str, limits: Limits | None = None) -> None:
         self.host = host
         self.path = path
+        if limits is None:
+            limits = Limits.for_fd_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self.gate = Gate(limits)
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        await sock.bind(self.path)
-        # Any local user may connect; what each may ask is checked per request.
-        os.chmod(self.path, 0o666)
-        sock.listen(16)
-        listener = trio.SocketListener(sock)
-        task_status.started()
-        await trio.serve_listeners(self._client, [listener])
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with sock:
+            sock.bind(self.path)
+            # Any local user may connect; what each may ask is checked per request, and
+            # what each may hold is capped (control_gate.py).
+            os.chmod(self.path, 0o666)
+            sock.listen(128)
+            sock.setblocking(False)
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                await self._accept_loop(sock, nursery)
 
-    async def _client(self, stream: trio.SocketStream) -> None:
+    async def _accept_loop(self, sock: socket.socket, nursery: trio.Nursery) -> None:
+        """Accept, then admit or refuse at once by the peer's uid.  Not
+        ``trio.serve_listeners``: it logs a traceback every 0.1 s while accept fails
+        with EMFILE, and it raises (ending the daemon) on any other accept error."""
+        gate = self.gate
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                if exc.errno not in QUIETLY:
+                    gate.accept_failed(exc)
+                    await trio.sleep(ACCEPT_RETRY)
+                continue
+            uid = peer_uid(conn)
+            refusal = "the peer's credentials are unknown" if uid is None else gate.admit(uid)
+            if refusal is not None:
+                refuse(conn, refusal, "EAGAIN")
+                if uid is not None:
+                    gate.offence(uid, "connections over the cap")
+                await trio.sleep(REFUSE_PAUSE)
+                continue
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+            nursery.start_soon(self._client, stream, uid)
+
+    async def _client(self, stream: trio.SocketStream, uid: int) -> None:
         # A client that goes away (Ctrl-C on `ckptfs wait`) or sends garbage must never
         # take the daemon down with it.
         try:
-            await self._serve_request(stream)
+            await self._serve_request(stream, uid)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             log.debug("control client went away")
         except Exception:  # noqa: BLE001
             log.exception("control request failed")
+        finally:
+            self.gate.release(uid)
 
-    async def _serve_request(self, stream: trio.SocketStream) -> None:
-        async with stream:
-            data = b""
-            while not data.endswith(b"\n"):
-                piece = await stream.receive_some(65536)
+    async def _read_request(self, stream: trio.SocketStream, uid: int) -> bytes | None:
+        """The request line, at most ``max_request`` bytes, arrived within the deadline;
+        otherwise one line of error and None (None too if the client went away)."""
+        limits = self.gate.limits
+        data = bytearray()
+        with trio.move_on_after(limits.deadline):
+            while True:
+                piece = await stream.receive_some(limits.max_request + 1 - len(data))
                 if not piece:
-                    return
-                data += piece
+                    return None
+                end = piece.find(b"\n")
+                data += piece if end < 0 else piece[:end + 1]
+                if len(data) > limits.max_request:
+                    await self._reject(stream, uid, f"request over {limits.max_request} "
+                                       "bytes", "EMSGSIZE")
+                    return None
+                if end >= 0:
+                    return bytes(data)
+        await self._reject(stream, uid, f"no complete request within {limits.deadline:g} s",
+                           "ETIMEDOUT")
+        return None
+
+    async def _reject(self, stream: trio.SocketStream, uid: int, message: str,
+                      code: str) -> None:
+        self.gate.offence(uid, message)
+        with trio.move_on_after(1):
+            await stream.send_all(json.dumps({"error": f"ckptfs control socket: {message}",
+                                              "errno": code}).encode() + b"\n")
+
+    async def _serve_request(self, stream: trio.SocketStream, uid: int) -> None:
+        async with stream:
+            data = await self._read_request(stream, uid)
+            if data is None:
+                return
             try:
                 request = json.loads(data)
                 command = request["cmd"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
+                command = None
+            if not isinstance(command, str):
                 await stream.send_all(b'{"error": "bad request"}\n')
                 return
 
@@ -163,7 +256,7 @@ class ControlServer:
                         "errno": "EACCES"})
             return
         if command == "status":
-            await send(host.status_doc())
+            await send({**host.status_doc(), "control": self.gate.report()})
         elif command == "staged":
             await send({"ok": True, "stale_staged_after": host.config.stale_staged_after,
                         "staged": [d.to_json() for _, d in host.stale.scan()]})
@@ -352,14 +445,17 @@ class ControlServer:
         if top is None:
             return
         relative = self._relative(path) or b""
+
+        def allowed(inode: Inode) -> bool:
+            """What ``cat`` and ``ls`` would let the caller have: a file it may read,
+            a directory it may list and search."""
+            return permitted(inode, peer, READ | EXECUTE if inode.type == "dir" else READ)
+
         try:
-            files = await fs.files_under(top, relative.lstrip(b"."))
+            files, skipped = await fs.files_under(top, relative.lstrip(b"."), allowed)
         except FsError as exc:
             await send({"error": f"{path}: {os.strerror(exc.errno)}"})
             return
-        if not peer.root:
-            files = [(name, inode) for name, inode in files
-                     if permitted(inode, peer, READ)]
         total = sum(inode.size for _, inode in files)
         progress = {"done_bytes": 0}
         failed: list[str] = []
@@ -381,4 +477,4 @@ class ControlServer:
                     failed.append(f"{os.fsdecode(name)}: {exc}")
             nursery.cancel_scope.cancel()
         await send({"done": True, "ok": not failed, "files": len(files), "bytes": total,
-                    "failed": failed})
+                    "skipped": skipped, "failed": failed})

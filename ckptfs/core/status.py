@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-
+from collections.abc import Callable
 
 from ..namespace import ROOT_INO, Inode
 
@@ -23,21 +23,31 @@ class Status:
             inode = await self.lookup(inode.ino, part)
         return inode
 
-    async def files_under(self, inode: Inode, prefix: bytes = b"") -> list[tuple[bytes, Inode]]:
-        """Every file below ``inode`` (a walk without recursion: a deep or hostile tree
-        cannot exhaust the stack; each directory id is visited once)."""
+    async def files_under(self, inode: Inode, prefix: bytes = b"",
+                          allowed: Callable[[Inode], bool] | None = None,
+                          ) -> tuple[list[tuple[bytes, Inode]], int]:
+        """Every file below ``inode`` that a walk allowed into each node by ``allowed``
+        reaches (all of them without it), and how many files and directories it left
+        out: a directory not allowed is neither listed nor entered.  A walk without
+        recursion: a deep or hostile tree cannot exhaust the stack; each directory id is
+        visited once."""
         out: list[tuple[bytes, Inode]] = []
+        skipped = 0
         stack = [(prefix, inode)]
         seen: set[str] = set()
         while stack:
             path, node = stack.pop()
-            if node.type == "file":
+            if node.type not in ("file", "dir"):
+                continue
+            if allowed is not None and not allowed(node):
+                skipped += 1
+            elif node.type == "file":
                 out.append((path, node))
-            elif node.type == "dir" and node.dir_id not in seen:
+            elif node.dir_id not in seen:
                 seen.add(node.dir_id)
                 for name, child in reversed(await self.listdir(node.ino)):
                     stack.append((path + b"/" + name if path else name, child))
-        return out
+        return out, skipped
 
     # ------------------------------------------------------------------ status
 
