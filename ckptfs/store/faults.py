@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import ListedObject, ObjectStore, StoreError, TransientStoreError
+from .base import AccessDenied, ListedObject, ObjectStore, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 class FaultRule:
     op: str = "*"                  # check, put, put_if_absent, get, exists, list, delete
     prefix: str = ""               # only keys starting with this
-    kind: str = "transient"        # transient | permanent | corrupt | no_conditional | delay
+    # transient | permanent | denied (AccessDenied, a 403) | hang (the call blocks
+    # while this rule stays in the plan, up to ``delay`` or 600 s, then fails as a
+    # transient error) | corrupt | no_conditional | delay
+    kind: str = "transient"
     times: int = -1                # how many times to fire; -1 = always
     delay: float = 0.0             # seconds to sleep before the call
 
@@ -76,13 +79,29 @@ class FaultInjectingStore:
         rule = self._rule(op, key)
         if rule is None:
             return None
-        if rule.delay:
+        if rule.kind == "hang":
+            self._hang(rule, op, key)
+        elif rule.delay:
             time.sleep(rule.delay)
+        if rule.kind == "denied":
+            raise AccessDenied(f"injected access denied on {op} {key}")
         if rule.kind == "transient":
             raise TransientStoreError(f"injected transient fault on {op} {key}")
         if rule.kind == "permanent":
             raise StoreError(f"injected fault on {op} {key}")
         return rule
+
+    def _hang(self, rule: FaultRule, op: str, key: str) -> None:
+        """Block like a store that never answers, until ``rule`` leaves the plan (the
+        control file changed) or its bound passes; then fail as a dropped connection."""
+        until = time.monotonic() + (rule.delay or 600.0)
+        while time.monotonic() < until:
+            with self._lock:
+                self._reload()
+                if not any(r is rule for r in self.plan.rules):
+                    break
+            time.sleep(0.05)
+        raise TransientStoreError(f"injected hang on {op} {key} ended")
 
     def check(self) -> None:
         self._before("check", "")
