@@ -46,6 +46,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
                                  run_state_machine_as_test)
 
 from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
+from proxy import FaultProxy
 from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
                            observe, parent_of, version_bytes)
 
@@ -79,6 +80,14 @@ CONVERGE = max(20.0, 40 * TTL)
 SETTLE = 2 * TTL + 0.15
 # Async: chunk uploads are slowed so closed versions stay pending across steps.
 ASYNC_FAULTS = {"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", "delay": 0.15}]}
+# The store outages a step can start (StoreFaults) and the errors they log.
+FAULT_KINDS = [k for k in ("refuse", "403", "503", "hang") if f"fault-{k}" not in SKIP]
+OUTAGE_ERRORS = (r"store error: ", r"store timeout: ", r"failed after \d+ attempts",
+                 r"store unavailable", r"access denied", r"does not exist", r"injected")
+# A call to a store in an outage fails after this (sync: the step's EIO).
+STORE_TIMEOUT = float(_KNOBS.get("CKPTFS_MODEL_STORE_TIMEOUT", "5"))
+# Sync: at most this many states a store fault's failed steps may have left.
+MAX_CANDIDATES = 8
 
 
 @dataclass
@@ -93,12 +102,56 @@ class Context:
     steps: int = 0
 
     def new_store(self, where: Path) -> StoreSpec:
+        """A fresh store; an s3 one is reached through its own fault proxy (both nodes
+        go through it: they share the store, and its outages)."""
         if self.kind == "local":
             root = where / "store"
             root.mkdir()
             return StoreSpec("local", f"file://{root}", root=root)
+        proxy = FaultProxy(self.seaweed.s3_port)
+        env = dict(self.seaweed.env())
+        env["AWS_ENDPOINT_URL"] = proxy.endpoint_url
         return StoreSpec("s3", f"s3://{BUCKET}/model-{uuid.uuid4().hex[:12]}",
-                         env=self.seaweed.env(), seaweed=self.seaweed)
+                         env=env, seaweed=self.seaweed, proxy=proxy)
+
+
+class StoreFaults:
+    """Puts the store both nodes share into an outage and ends it: an s3 store through
+    its FaultProxy (refuse, 403, 503, hang are the proxy's own modes), a local one
+    through the control file of the fault-injecting store every daemon is started with
+    (refuse and 503 are both transient errors there, 403 AccessDenied, hang a call that
+    blocks until the fault ends)."""
+
+    LOCAL = {"refuse": "transient", "503": "transient", "403": "denied", "hang": "hang"}
+
+    def __init__(self, store: StoreSpec, control: Path, base_rules: list[dict]) -> None:
+        self.store, self.control, self.base_rules = store, control, base_rules
+        self._write(base_rules)
+
+    def plan(self) -> dict:
+        """CKPTFS_FAULTS for every daemon: the base rules, changeable through the file."""
+        return {"rules": self.base_rules, "control_file": str(self.control)}
+
+    def _write(self, rules: list[dict]) -> None:
+        tmp = self.control.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rules": rules}))
+        os.replace(tmp, self.control)
+
+    def start(self, kind: str) -> None:
+        if self.store.proxy is not None:
+            self.store.proxy.mode = kind
+        else:
+            self._write([{"kind": self.LOCAL[kind]}] + self.base_rules)
+
+    def end(self) -> None:
+        if self.store.proxy is not None:
+            self.store.proxy.mode = "pass"
+        else:
+            self._write(self.base_rules)
+
+    def close(self) -> None:
+        if self.store.proxy is not None:
+            self.store.proxy.close()
 
 
 class ModelFailure(AssertionError):
@@ -113,6 +166,11 @@ class ModelMachine(RuleBasedStateMachine):
         self.dir = ctx.base / f"example-{ctx.examples}"
         self.dir.mkdir()
         self.store = ctx.new_store(self.dir)
+        self.faults = StoreFaults(self.store, self.dir / "faults.json",
+                                  [] if self.sync else ASYNC_FAULTS["rules"])
+        self.fault: str | None = None         # the store's outage now
+        self.fault_saved: set[int] = set()    # nodes that closed a file during it
+        self.candidates: list[Model] = []     # sync fault: the states failed steps allow
         self.model = Model()
         self.closed: dict[str, str] = {}      # digest -> which version it is
         self.closed_list: list[tuple[str, bytes]] = []
@@ -142,16 +200,18 @@ class ModelMachine(RuleBasedStateMachine):
         # the default 600 s, a gc pass that found chunks condemned by an earlier one
         # waited 10 minutes to delete them, and the step timed out.
         mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK, "--gc-settle", "0.3",
-                    durability=self.ctx.durability,
-                    faults=None if self.sync else ASYNC_FAULTS)
+                    "--store-timeout", str(STORE_TIMEOUT), durability=self.ctx.durability,
+                    faults=self.faults.plan())
 
     def teardown(self) -> None:
         for _, writer in self.writers.values():
             writer.kill()
+        self.faults.end()
         for mount in self.mounts:
             if mount.pid:
                 mount.kill()
             mount.cleanup()
+        self.faults.close()
         if not KEEP:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -179,14 +239,20 @@ class ModelMachine(RuleBasedStateMachine):
     def abs(self, m: int, path: str) -> Path:
         return self.mounts[m].path / path
 
-    def before_step(self, m: int | None) -> None:
-        """Async: a node acts on what others closed only after it is durable (``ckptfs
-        wait``); a node's own unsynced steps stay pending (local-first)."""
+    def before_step(self, m: int | None) -> bool:
+        """Whether node ``m`` may take an ordinary step now.  Async: a node acts on what
+        others closed only after it is durable (``ckptfs wait``); a node's own unsynced
+        steps stay pending (local-first).  During a store fault nothing can be waited
+        for: an async node acts only if it needs nothing from the other one, and a sync
+        node only through ``fault_step`` (which allows a step to fail)."""
         if self.sync:
-            return
+            return self.fault is None
         others = self.unsynced if m is None else self.unsynced - {m}
         if others:
+            if self.fault is not None:
+                return False
             self.sync_all()
+        return True
 
     def sync_all(self, candidates: list[Model] | None = None) -> None:
         for i, mount in enumerate(self.mounts):
@@ -237,6 +303,11 @@ class ModelMachine(RuleBasedStateMachine):
             self.converge(acting)
             return
         for i, mount in enumerate(self.mounts):
+            if self.fault is not None and i != acting:
+                # a node that did nothing in the outage may have to ask the store: it
+                # may fail (EIO), never show a wrong content
+                self.safety(i, observe(mount.path), [self.model])
+                continue
             obs = self.stable_observe(i)
             self.safety(i, obs, [self.model])
             if i == acting and obs.tree != self.model.view(i):
@@ -327,7 +398,8 @@ class ModelMachine(RuleBasedStateMachine):
     def file_save(self, data, m, size, how):
         """create or overwrite (O_TRUNC) + write + close a new version; with a fsync or a
         subprocess in the middle of the save, every node is checked mid-save."""
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
         if path is None:
             return
@@ -339,7 +411,8 @@ class ModelMachine(RuleBasedStateMachine):
     def file_save_earlier(self, data, m):
         """Save bytes equal to an earlier version (dedup: its chunks exist already, or
         existed before gc)."""
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
         if path is None:
             return
@@ -378,6 +451,8 @@ class ModelMachine(RuleBasedStateMachine):
         else:
             self.model.write(path, content)
         self.closed_version(content, label)
+        if self.fault is not None:
+            self.fault_saved.add(m)
         self.check(m)
 
     @staticmethod
@@ -389,7 +464,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.file_paths())
     @rule(data=st.data(), m=st.integers(0, 1), size=st.sampled_from(TRUNCATE_SIZES))
     def file_truncate(self, data, m, size):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         options = self.free_files(m)
         path = self.pick(data, options, "path")
         if path is None:
@@ -409,7 +485,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.file_paths())
     @rule(data=st.data(), m=st.integers(0, 1))
     def file_rename(self, data, m):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         sources = self.movable(m, self.model.file_paths())
         if not sources:
             return
@@ -428,7 +505,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.dirs())
     @rule(data=st.data(), m=st.integers(0, 1))
     def tree_rename_dir(self, data, m):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         sources = self.movable(m, self.model.dirs())
         if not sources:
             return
@@ -451,7 +529,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.file_paths())
     @rule(data=st.data(), m=st.integers(0, 1))
     def file_unlink(self, data, m):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         options = self.movable(m, self.model.file_paths())
         if not options:
             return
@@ -466,7 +545,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.model.dirs()) < 4)
     @rule(data=st.data(), m=st.integers(0, 1))
     def tree_mkdir(self, data, m):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         options = self.new_dir_paths()
         if not options:
             return
@@ -481,7 +561,8 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.dirs())
     @rule(data=st.data(), m=st.integers(0, 1))
     def tree_rmdir(self, data, m):
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         options = [d for d in self.model.dirs() if not self.model.children(d)]
         if not options:
             return
@@ -501,7 +582,8 @@ class ModelMachine(RuleBasedStateMachine):
     def writer_open(self, data, m, size, first):
         """A writer process opens (O_CREAT|O_TRUNC) and writes ``first`` pieces, then
         holds the file open across the next steps."""
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
         if path is None:
             return
@@ -525,7 +607,8 @@ class ModelMachine(RuleBasedStateMachine):
         close-on-exec copy of the descriptor)."""
         fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
         m, writer = self.writers[fid]
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         self.note(f"{'AB'[m]}: writer of v{writer.vid}: {action}")
         writer.command(action)
         self.model.files[fid].written = writer.written
@@ -536,12 +619,15 @@ class ModelMachine(RuleBasedStateMachine):
     def writer_close(self, data):
         fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
         m, writer = self.writers.pop(fid)
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         self.note(f"{'AB'[m]}: writer of v{writer.vid} finishes and closes")
         writer.command("close")
         content = self.model.files[fid].pending
         self.model.close_writer(fid)
         self.closed_version(content, f"v{writer.vid}")
+        if self.fault is not None:
+            self.fault_saved.add(m)
         self.check(m)
 
     @precondition(lambda self: self.writers and "kill" not in SKIP)
@@ -549,7 +635,8 @@ class ModelMachine(RuleBasedStateMachine):
     def writer_kill(self, data):
         fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
         m, writer = self.writers.pop(fid)
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         self.note(f"{'AB'[m]}: writer of v{writer.vid} SIGKILLed after {writer.written} B")
         writer.kill()
         self.model.lose_writer(fid)
@@ -565,18 +652,19 @@ class ModelMachine(RuleBasedStateMachine):
                 del self.writers[fid]
                 self.model.lose_writer(fid)
 
-    @precondition(lambda self: "restart" not in SKIP)
+    @precondition(lambda self: self.fault is None and "restart" not in SKIP)
     @rule(m=st.integers(0, 1))
     def node_restart(self, m):
         """SIGKILL the daemon (open writers on it lose their file) and start it again on
         the same state dir."""
-        self.before_step(m)
+        if not self.before_step(m):
+            return
         self.note(f"{'AB'[m]}: daemon SIGKILLed and restarted")
         self._kill_node(m)
         self._start(self.mounts[m])
         self.check(m)
 
-    @precondition(lambda self: "replace" not in SKIP)
+    @precondition(lambda self: self.fault is None and "replace" not in SKIP)
     @rule(m=st.integers(0, 1))
     def node_replace(self, m):
         """A fresh node (new state dir) replaces one.  Async: what the old node closed is
@@ -589,7 +677,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.mounts[m] = self._new_mount(m)
         self.check(m)
 
-    @precondition(lambda self: not self.writers and "gc" not in SKIP)
+    @precondition(lambda self: self.fault is None and not self.writers and "gc" not in SKIP)
     @rule(m=st.integers(0, 1))
     def node_gc(self, m):
         """``ckptfs gc --grace 0`` with no writer open (a younger grace protects chunks of
@@ -600,11 +688,180 @@ class ModelMachine(RuleBasedStateMachine):
         run_ckptfs("gc", str(self.mounts[m].path), "--grace", "0", check=True)
         self.check(None)
 
-    @precondition(lambda self: not self.sync)
+    @precondition(lambda self: self.fault is None and not self.sync)
     @rule()
     def wait_all(self):
         self.note("ckptfs wait on every node")
         self.sync_all()
+
+    # ------------------------------------------------------------------ rules: store faults
+
+    @precondition(lambda self: self.fault is None and FAULT_KINDS)
+    @rule(kind=st.sampled_from(FAULT_KINDS or ["none"]))
+    def fault_start(self, kind):
+        """The store both nodes share goes away (refuse, 403, 503, hang) until
+        ``fault_end``.  Async: every step on a node goes on locally; sync: a step may fail
+        with EIO, and then either happened or did not -- never half."""
+        self.note(f"store fault starts: {kind}")
+        self.fault = kind
+        self.fault_saved = set()
+        self.candidates = [self.model]
+        self.faults.start(kind)
+
+    @precondition(lambda self: self.fault is not None and self.sync
+                  and len(self.candidates) <= MAX_CANDIDATES)
+    @rule(data=st.data(), m=st.integers(0, 1), what=st.sampled_from(
+        ["save", "save", "rename", "unlink", "mkdir", "rmdir"]))
+    def fault_step(self, data, m, what):
+        """Sync, store away: one step on node ``m``; it succeeds (then it happened) or
+        fails with EIO (then it happened or not); any other answer must be the one the
+        model gives."""
+        model = self.model
+        if what == "save":
+            path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
+            if path is None:
+                return
+            vid, content = self.new_version(data.draw(st.sampled_from(SIZES), label="size"))
+            self.closed_version(content, f"v{vid}")
+            op, text = ("write", path, content), f"save {path} = v{vid} ({len(content)} B)"
+        elif what in ("rename", "unlink"):
+            src = self.pick(data, self.movable(m, model.file_paths()), "src")
+            if src is None:
+                return
+            if what == "unlink":
+                op = ("unlink", src)
+            else:
+                dst = self.pick(data, [p for p in self.free_files(m) if p != src] +
+                                self.new_file_paths(), "dst")
+                if dst is None:
+                    return
+                op = ("rename", src, dst)
+            text = " ".join(op)
+        elif what == "mkdir":
+            path = self.pick(data, self.new_dir_paths(), "path")
+            if path is None:
+                return
+            op = ("mkdir", path)
+            text = f"mkdir {path}"
+        else:
+            path = self.pick(data, [d for d in model.dirs() if not model.children(d)],
+                             "path")
+            if path is None:
+                return
+            op = ("rmdir", path)
+            text = f"rmdir {path}"
+        self.note(f"{'AB'[m]}: {text} (store away)")
+        try:
+            if op[0] == "write":
+                with open(self.abs(m, op[1]), "wb") as f:
+                    f.write(op[2])
+            elif op[0] == "rename":
+                os.rename(self.abs(m, op[1]), self.abs(m, op[2]))
+            else:
+                getattr(os, op[0])(self.abs(m, op[1]))
+            result = 0
+        except OSError as exc:
+            result = exc.errno
+        name = errno.errorcode.get(result, str(result)) if result else "ok"
+        self.note(f"{'AB'[m]}:   ... {name}")
+        after: list[Model] = []
+        for c in self.candidates:
+            done = c.copy()
+            rc = done.apply(op)
+            if result in (errno.EIO, errno.ETIMEDOUT):
+                after += [c] if rc else [c, done]
+            elif rc == result:
+                after.append(done)
+        if not after:
+            self.fail(f"{text} on {'AB'[m]} during a store fault gave {name}, which no "
+                      f"state the model allows gives")
+        unique: list[Model] = []
+        for c in after:
+            if not any(c.tree == u.tree and c.view(0) == u.view(0) for u in unique):
+                unique.append(c)
+        self.candidates = unique
+        self.model = unique[-1]
+        for i, mount in enumerate(self.mounts):
+            self.safety(i, observe(mount.path), self.candidates)
+
+    @precondition(lambda self: self.fault is not None)
+    @rule()
+    def fault_end(self):
+        """The store answers again.  Async: a node that closed a file during the outage
+        must not say done before (``ckptfs wait`` non-zero, status names the outage);
+        after it, everything reaches the store and every node converges.  Sync: every
+        node converges to one of the states the failed steps allow."""
+        kind, self.fault = self.fault, None
+        if not self.sync:
+            for i in sorted(self.fault_saved & self.unsynced):
+                self.pending_during_outage(i, kind)
+        self.note(f"store fault ends ({kind})")
+        self.faults.end()
+        if self.sync:
+            candidates, self.candidates = self.candidates, []
+            self.converge(None, candidates)
+        else:
+            self.sync_all()
+
+    def pending_during_outage(self, i: int, kind: str) -> None:
+        root = str(self.mounts[i].path)
+        proc = run_ckptfs("wait", root, "--timeout", "3", timeout=120)
+        if proc.returncode == 0:
+            self.fail(f"`ckptfs wait` on {'AB'[i]} said done while the store was away "
+                      f"({kind}) and it had closed files since")
+        status = json.loads(run_ckptfs("status", "--json", root, check=True).stdout)
+        if not status["fs"].get("store_unavailable"):
+            self.fail(f"status of {'AB'[i]} does not say the store is away ({kind}) while "
+                      f"work is pending: {status['fs']}")
+
+    # ------------------------------------------------------------------ rules: one node racing itself
+
+    @precondition(lambda self: self.model.file_paths() and "self-race" not in SKIP)
+    @rule(data=st.data(), m=st.integers(0, 1), rounds=st.integers(1, 4),
+          sticky=st.booleans())
+    def self_race(self, data, m, rounds, sticky):
+        """One node, fast: create a fresh target, chmod/lchown it, rename a file over it,
+        rename it back -- ``rounds`` times; after each rename lstat of the new name is
+        the moved inode and the old name is gone.  ``sticky``: in a sticky directory."""
+        if not self.before_step(m):
+            return
+        src = self.pick(data, self.movable(m, self.model.file_paths()), "src")
+        if src is None:
+            return
+        dst = self.pick(data, self.new_file_paths(), "dst")
+        if dst is None:
+            return
+        where = parent_of(dst)
+        self.note(f"{'AB'[m]}: {rounds} round(s) of: save fresh {dst}, chmod it, rename "
+                  f"{src} over it and back{' (sticky ' + (where or '/') + ')' if sticky and where else ''}")
+        if sticky and where:
+            os.chmod(self.abs(m, where), 0o1777)
+        a, b = self.abs(m, src), self.abs(m, dst)
+        ino = os.lstat(a).st_ino
+        for n in range(rounds):
+            vid, content = self.new_version(100)
+            self.closed_version(content, f"v{vid}")
+            with open(b, "wb") as f:
+                f.write(content)
+            os.chmod(b, 0o600)
+            os.lchown(b, os.getuid(), os.getgid())
+            for old, new, x, y in ((a, b, src, dst), (b, a, dst, src)):
+                os.rename(old, new)
+                got = os.lstat(new).st_ino
+                if got != ino:
+                    self.fail(f"round {n + 1}: after rename {x} -> {y} on {'AB'[m]}, "
+                              f"lstat({y}) is inode {got}, not the moved {ino}")
+                try:
+                    os.lstat(old)
+                except FileNotFoundError:
+                    pass
+                else:
+                    self.fail(f"round {n + 1}: after rename {x} -> {y} on {'AB'[m]}, "
+                              f"{x} is still there")
+            assert self.model.write(dst, content) == 0
+            assert self.model.rename(src, dst) == 0
+            assert self.model.rename(dst, src) == 0
+        self.check(m)
 
     # ------------------------------------------------------------------ rules: races
 
@@ -621,8 +878,8 @@ class ModelMachine(RuleBasedStateMachine):
             ops.append(("write", g, 40_000))
         return ops
 
-    @precondition(lambda self: not self.writers and self.model.file_paths()
-                  and "race" not in SKIP)
+    @precondition(lambda self: self.fault is None and not self.writers
+                  and self.model.file_paths() and "race" not in SKIP)
     @rule(data=st.data())
     def race(self, data):
         """One operation on each node at the same time; every node must converge to one
@@ -690,6 +947,7 @@ def _settings() -> settings:
                     phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate])
 
 
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
 @pytest.mark.parametrize("durability", DURABILITIES)
 @pytest.mark.parametrize("kind", STORES)
 def test_model(kind, durability, tmp_path, request):
