@@ -33,8 +33,8 @@ PRELOAD = ("ckptfs", "ckptfs.api", "ckptfs.cli", "ckptfs.config", "ckptfs.displa
            "ckptfs.retention", "argparse", "json", "socket", "struct", "errno")
 
 
-def preload() -> None:
-    for name in PRELOAD:
+def preload(extra: tuple[str, ...] = ()) -> None:
+    for name in (*PRELOAD, *extra):
         importlib.import_module(name)
     from ckptfs.cli import build_parser
     build_parser()
@@ -49,11 +49,14 @@ def _no_disk_imports() -> None:
 
 
 def run_as(user: str, fn: Callable[..., object], *args: object, env: dict | None = None,
-           timeout: float = 120) -> subprocess.CompletedProcess:
+           timeout: float = 120, imports: tuple[str, ...] = (),
+           before: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """``fn(*args)`` in a forked child running as ``user``; its return value (an int or
     None), ``SystemExit`` or a traceback give the return code, and what it wrote to
-    file descriptors 1 and 2 (``print``, ``sys.stderr``) the output."""
-    preload()
+    file descriptors 1 and 2 (``print``, ``sys.stderr``) the output.  ``imports`` are
+    modules ``fn`` needs beyond :data:`PRELOAD`; ``before`` runs in the child as root,
+    before it drops to the user (e.g. to enter a namespace of its own)."""
+    preload(imports)
     pw = pwd.getpwnam(user)
     groups = os.getgrouplist(user, pw.pw_gid)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -66,6 +69,8 @@ def run_as(user: str, fn: Callable[..., object], *args: object, env: dict | None
                 sys.stdout = open(1, "w", closefd=False)
                 sys.stderr = open(2, "w", closefd=False)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                if before is not None:
+                    before()
                 os.setgroups(groups)
                 os.setgid(pw.pw_gid)
                 os.setuid(pw.pw_uid)
