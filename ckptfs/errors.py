@@ -33,3 +33,18 @@ def errno_of(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     return errno.EIO
+
+
+class MountError(Exception):
+    """The mount cannot proceed; the message is the one-line reason for the user, with
+    what to do about it."""
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups — a trio nursery wraps
+    what its tasks raised — so that no user sees "Exceptions from Trio nursery".
+    Cancellations are skipped when anything else is there."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        real = [e for e in exc.exceptions if type(e).__name__ != "Cancelled"]
+        exc = (real or list(exc.exceptions))[0]
+    return exc
