@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -32,7 +33,7 @@ from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
 from .buffers import BufferPool
 from .cache import ChunkCache
-from .staging import Staging
+from .staging import Staging, fd_cap
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store, store_policy)
 
@@ -242,6 +243,21 @@ def sd_notify(message: str) -> None:
             log.warning("sd_notify failed: %s", exc)
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (a checkpoint of
+    many files needs descriptors for FUSE, the cache, uploads and staging); the soft
+    limit in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard,
+                        exc)
+    return soft
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -260,9 +276,11 @@ class Daemon:
         self._stop_at: float | None = None
         self._stop_now = trio.Event()
         self._drains: set[trio.CancelScope] = set()
+        self.nofile = 1024              # the descriptor limit, raised by ``run``
 
     async def run(self, on_ready) -> None:
         opts = self.opts
+        self.nofile = raise_fd_limit()
         check_mountpoint(opts.mountpoint)
         prepare_state_dir(opts.state_dir)
         lock_fd = lock_state_dir(opts.state_dir, opts.mountpoint)
@@ -306,7 +324,11 @@ class Daemon:
         opts = self.opts
         store = await self._open_store()
         ns = self._open_namespace(store)
-        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
+        nofile = self.nofile
+        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned",
+                          max_fds=fd_cap(nofile))
+        log.info("descriptor limit %d; at most %d staging descriptors open", nofile,
+                 staging.max_fds)
         # One pool of chunk buffers for fetches and uploads (buffers.py).
         buffers = BufferPool(self.config.chunk_size, keep=max(
             self.config.upload_concurrency, self.config.fetch_concurrency))
