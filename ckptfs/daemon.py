@@ -320,15 +320,20 @@ class Daemon:
                              f"not {store.url}")
         return ns
 
+    def _open_staging(self) -> Staging:
+        """Staging files, with as many cached descriptors as the fd limit allows."""
+        state_dir = self.opts.state_dir
+        staging = Staging(state_dir / "staging", state_dir / "abandoned",
+                          max_fds=fd_cap(self.nofile))
+        log.info("descriptor limit %d; at most %d staging descriptors open", self.nofile,
+                 staging.max_fds)
+        return staging
+
     async def _run_locked(self, on_ready) -> None:
         opts = self.opts
         store = await self._open_store()
         ns = self._open_namespace(store)
-        nofile = self.nofile
-        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned",
-                          max_fds=fd_cap(nofile))
-        log.info("descriptor limit %d; at most %d staging descriptors open", nofile,
-                 staging.max_fds)
+        staging = self._open_staging()
         # One pool of chunk buffers for fetches and uploads (buffers.py).
         buffers = BufferPool(self.config.chunk_size, keep=max(
             self.config.upload_concurrency, self.config.fetch_concurrency))
