@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -35,7 +36,7 @@ from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
 from .buffers import BufferPool
 from .cache import ChunkCache
-from .staging import Staging
+from .staging import Staging, fd_cap
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store, store_policy)
 
@@ -236,6 +237,21 @@ def sd_notify(message: str) -> None:
             log.warning("sd_notify failed: %s", exc)
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (a checkpoint of
+    many files needs descriptors for FUSE, the cache, uploads and staging); the soft
+    limit in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard,
+                        exc)
+    return soft
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -254,9 +270,11 @@ class Daemon:
         self._stop_at: float | None = None
         self._stop_now = trio.Event()
         self._drains: set[trio.CancelScope] = set()
+        self.nofile = 1024              # the descriptor limit, raised by ``run``
 
     async def run(self, on_ready) -> None:
         opts = self.opts
+        self.nofile = raise_fd_limit()
         # What can be known before anything is mounted (preflight.py), so that each
         # cause gets its own line and libfuse's advice is never needed.
         check_mountpoint(opts.mountpoint)
@@ -343,10 +361,19 @@ class Daemon:
             ns.meta_put("store_url", store.url)
         return store, ns
 
+    def _open_staging(self) -> Staging:
+        """Staging files, with as many cached descriptors as the fd limit allows."""
+        state_dir = self.opts.state_dir
+        staging = Staging(state_dir / "staging", state_dir / "abandoned",
+                          max_fds=fd_cap(self.nofile))
+        log.info("descriptor limit %d; at most %d staging descriptors open", self.nofile,
+                 staging.max_fds)
+        return staging
+
     async def _run_locked(self, on_ready) -> None:
         opts = self.opts
         store, ns = await self._open_store_and_namespace()
-        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
+        staging = self._open_staging()
         # One pool of chunk buffers for fetches and uploads (buffers.py).
         buffers = BufferPool(self.config.chunk_size, keep=max(
             self.config.upload_concurrency, self.config.fetch_concurrency))

@@ -6,6 +6,11 @@ from __future__ import annotations
 import errno
 
 
+# Out of a local resource (descriptors, disk space): the caller gets the errno and the
+# log one line, not a traceback; the daemon serves on.
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT})
+
+
 class FsError(Exception):
     """A filesystem operation failed with ``errno``; ``reason`` is for the log."""
 
