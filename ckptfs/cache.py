@@ -5,17 +5,20 @@ once at a time (single flight), verifies it before anyone sees it (refetching a 
 one by ``VERIFY_RETRY``), and evicts least recently used chunks above its size limit;
 local copies of published files (``ino:<n>``) share the limit.
 
-A cache file can rot on disk after it was written.  Its bytes are served only once this
-daemon has read the file back and checked its hash (``_read_back``: once per chunk per
-daemon lifetime, single flight, in a worker thread; the fetch checked what came over the
-wire, not what landed on disk), and a copy into a new version (``copy_out``) checks the
-bytes it copies every time.  A mismatch logs one WARNING naming the chunk, removes the
-cache file and fetches the chunk again; if that fails, ``EIO`` (never the bad bytes).  A freshly fetched chunk
-is also held in memory until each of its bytes has been served once (bounded by
-``hot_limit``): a cold read is answered from the buffer the GET filled (a pooled one,
-``buffers.py``, given back once served), and the cache file is written with ``O_DIRECT``
-straight from it, so a cold read allocates no page cache and no fresh memory of its own
-(decisions 0011, 0014: on this machine first-touch pages cost more CPU than the copy).
+A freshly fetched chunk is also held in memory until each of its bytes has been served
+once (bounded by ``hot_limit``): a cold read is answered from the buffer the GET filled (a
+pooled one, ``buffers.py``, given back once served), and the cache file is written with
+``O_DIRECT`` straight from it, so a cold read allocates no page cache and no fresh memory
+of its own (decisions 0011, 0014: on this machine first-touch pages cost more CPU than
+the copy).
+
+A cache file can rot on disk after it was written.  This daemon serves a cache file's
+bytes only once it has read the file back and checked its hash (``_read_back``: once per
+chunk per daemon lifetime, single flight, in a worker thread, into a pooled buffer that
+then serves the reads like a fresh fetch; the fetch checked what came over the wire, not
+what landed on disk).  A copy into a new version (``copy_out``) checks the bytes it
+copies every time.  A mismatch logs one WARNING naming the chunk, removes the cache file
+and fetches the chunk again; if that fails, ``EIO`` (never the bad bytes).
 Knows nothing of FUSE, of staging files, or of inodes' meaning.
 """
 
