@@ -183,12 +183,9 @@ class WritePath:
         # Its own descriptor: the shared one may be evicted across the awaits below.
         with self.staging.owned_fd(inode.ino, ver) as fd:
             for sha, length in chunks:
-                self.cache.pin(sha)
-                try:
-                    path = await self.cache.ensure(sha, length)
-                    data = await trio.to_thread.run_sync(path.read_bytes)
-                finally:
-                    self.cache.unpin(sha)
+                # Checked as copied, every time: rot copied here would be published under
+                # the new version's own (valid) hashes.
+                data = await self.cache.copy_out(sha, length)
                 await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
                 offset += length
 
