@@ -252,6 +252,27 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def bind_metrics(address: str | None):
+    """The metrics server, bound to ``--metrics-address`` before the store is opened or
+    anything is mounted (None without one).  Port 0 takes a free port: status and the
+    log say which."""
+    if not address:
+        return None
+    from .metrics import Metrics
+    metrics = Metrics()
+    try:
+        metrics.serve(address)
+    except ValueError as exc:
+        raise MountError(f"metrics address {address}: {exc}") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise MountError(f"metrics address {address} is in use: choose another "
+                             f"--metrics-address or stop what listens there") from None
+        raise MountError(f"metrics address {address}: cannot listen there: "
+                         f"{exc.strerror or exc}") from None
+    return metrics
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -283,33 +304,12 @@ class Daemon:
         prepare_state_dir(opts.state_dir)
         lock_fd = lock_state_dir(opts.state_dir, opts.mountpoint)
         try:
-            self.metrics = self._bind_metrics()
+            self.metrics = bind_metrics(self.opts.metrics_address)
             await self._run_locked(on_ready)
         finally:
             if self.metrics is not None:
                 self.metrics.close()
             os.close(lock_fd)
-
-    def _bind_metrics(self):
-        """The metrics server, bound to ``--metrics-address`` before the store is opened
-        or anything is mounted (None without one).  Port 0 takes a free port: status
-        and the log say which."""
-        if not self.opts.metrics_address:
-            return None
-        from .metrics import Metrics
-        metrics = Metrics()
-        address = self.opts.metrics_address
-        try:
-            metrics.serve(address)
-        except ValueError as exc:
-            raise MountError(f"metrics address {address}: {exc}") from None
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise MountError(f"metrics address {address} is in use: choose another "
-                                 f"--metrics-address or stop what listens there") from None
-            raise MountError(f"metrics address {address}: cannot listen there: "
-                             f"{exc.strerror or exc}") from None
-        return metrics
 
     def _build_store(self):
         opts = self.opts
@@ -490,7 +490,7 @@ class Daemon:
         fs.after_seal = after_seal
 
     def _start_metrics(self, fs: Filesystem, staging: Staging):
-        """The bound metrics server (``_bind_metrics``), now fed by this filesystem."""
+        """The bound metrics server (``bind_metrics``), now fed by this filesystem."""
         metrics = self.metrics
         if metrics is None:
             return None
