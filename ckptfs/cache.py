@@ -3,12 +3,22 @@
 ``ChunkCache`` keeps fetched chunks by sha256 under ``cache/``, fetches each chunk at most
 once at a time (single flight), verifies it before anyone sees it (refetching a corrupt
 one by ``VERIFY_RETRY``), and evicts least recently used chunks above its size limit;
-local copies of published files (``ino:<n>``) share the limit.  A freshly fetched chunk
-is also held in memory until each of its bytes has been served once (bounded by
-``hot_limit``): a cold read is answered from the buffer the GET filled (a pooled one,
-``buffers.py``, given back once served), and the cache file is written with ``O_DIRECT``
-straight from it, so a cold read allocates no page cache and no fresh memory of its own
-(decisions 0011, 0014: on this machine first-touch pages cost more CPU than the copy).
+local copies of published files (``ino:<n>``) share the limit.
+
+A freshly fetched chunk is also held in memory until each of its bytes has been served
+once (bounded by ``hot_limit``): a cold read is answered from the buffer the GET filled (a
+pooled one, ``buffers.py``, given back once served), and the cache file is written with
+``O_DIRECT`` straight from it, so a cold read allocates no page cache and no fresh memory
+of its own (decisions 0011, 0014: on this machine first-touch pages cost more CPU than
+the copy).
+
+A cache file can rot on disk after it was written.  This daemon serves a cache file's
+bytes only once it has read the file back and checked its hash (``_read_back``: once per
+chunk per daemon lifetime, single flight, in a worker thread, into a pooled buffer that
+then serves the reads like a fresh fetch; the fetch checked what came over the wire, not
+what landed on disk).  A copy into a new version (``copy_out``) checks the bytes it
+copies every time.  A mismatch logs one WARNING naming the chunk, removes the cache file
+and fetches the chunk again; if that fails, ``EIO`` (never the bad bytes).
 Knows nothing of FUSE, of staging files, or of inodes' meaning.
 """
 
@@ -71,6 +81,11 @@ def write_file_direct(path: Path, view: memoryview) -> bool:
         os.close(fd)
 
 
+def chunk_ok(data, sha: str) -> bool:
+    """Whether ``data`` (bytes-like) is the chunk named ``sha`` (its sha256, hex)."""
+    return hashlib.sha256(data).hexdigest() == sha
+
+
 class ChunkCache:
     """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
 
@@ -89,6 +104,11 @@ class ChunkCache:
         self._fds: OrderedDict[str, int] = OrderedDict()
         self.total = 0
         self.corrupt_events = 0
+        # Chunks whose cache file this daemon has read back and found good: served from
+        # the file without another check (one hash per chunk per daemon lifetime).
+        self._verified: set[str] = set()
+        self.read_backs = 0          # cache files read back and hashed (tests read it)
+        self.rotten = 0              # cache files that failed their check
         self.hits = self.misses = self.evictions = 0     # metrics.py reads them
         self._doomed: list[Path] = []     # evicted chunk files still to unlink
         # Freshly fetched chunks in memory: sha -> [buffer, bytes served, length]; dropped
@@ -115,6 +135,18 @@ class ChunkCache:
 
     def has(self, sha: str) -> bool:
         return sha in self._lru
+
+    def ready(self, sha: str) -> bool:
+        """Cached and servable without another check: freshly fetched (in memory) or
+        read back and verified by this daemon."""
+        return sha in self._lru and (sha in self._hot or sha in self._verified)
+
+    async def read(self, sha: str, length: int, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of chunk ``sha`` (``length`` bytes), from a copy
+        checked by this daemon: one not checked yet is checked (or fetched) first."""
+        while not self.ready(sha):
+            await self.ensure(sha, length)
+        return self.pread(sha, size, offset)
 
     def pread(self, sha: str, length: int, offset: int) -> bytes:
         """Read from a cached chunk: from memory while it is freshly fetched, else through
@@ -200,15 +232,16 @@ class ChunkCache:
             self._pinned[sha] = n
 
     async def ensure(self, sha: str, length: int) -> Path:
-        """Return the path of a verified local copy of chunk ``sha``, fetching it once."""
+        """Return the path of a verified local copy of chunk ``sha``, fetching it once.
+        A cache file this daemon has not checked yet is read back and checked first
+        (and fetched again if it rotted)."""
         while True:
-            if sha in self._lru:
+            if self.ready(sha):
                 self._lru.move_to_end(sha)
                 self.hits += 1
                 return self.path(sha)
             event = self._inflight.get(sha)
             if event is None:
-                self.misses += 1
                 break
             await event.wait()
             failure = self._failed.get(sha)
@@ -217,6 +250,12 @@ class ChunkCache:
         event = self._inflight[sha] = trio.Event()
         self._failed.pop(sha, None)
         try:
+            if sha in self._lru:
+                if await self._check(sha, length):
+                    self._lru.move_to_end(sha)
+                    self.hits += 1
+                    return self.path(sha)
+            self.misses += 1
             path, buf = await self._fetch(sha, length)
             self._lru[sha] = length
             self.total += length
@@ -231,6 +270,95 @@ class ChunkCache:
         finally:
             del self._inflight[sha]
             event.set()
+
+    async def _check(self, sha: str, length: int) -> bool:
+        """Read a cache file back and check it (the caller holds the chunk's flight):
+        True if good (kept in memory to serve the reads that asked for it), else the
+        file is gone and the chunk must be fetched again."""
+        async with self.limiter:
+            buf = await trio.to_thread.run_sync(self._read_back, sha, length)
+        self.read_backs += 1
+        if isinstance(buf, mmap.mmap):
+            self._verified.add(sha)
+            self._keep_hot(sha, buf, length)
+            return True
+        self._bad_copy(sha, buf)
+        return False
+
+    def _read_back(self, sha: str, length: int) -> mmap.mmap | str:
+        """Read chunk ``sha``'s cache file into a pool buffer and hash it: the buffer if
+        the file holds the chunk, else why not ("missing", "rotten": then the file is
+        removed)."""
+        path = self.path(sha)
+        buf = self.buffers.take(length)
+        try:
+            with open(path, "rb", buffering=0) as f, memoryview(buf) as whole, \
+                    whole[:length] as view:
+                got = 0
+                while got < length:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+                good = got == length and not f.read(1) and chunk_ok(view, sha)
+        except FileNotFoundError:
+            self.buffers.give(buf)
+            return "missing"
+        if good:
+            return buf
+        self.buffers.give(buf)
+        path.unlink(missing_ok=True)
+        return "rotten"
+
+    def _bad_copy(self, sha: str, why: str) -> None:
+        """Say so and forget a chunk whose cache file was bad (and is removed) or gone."""
+        if why == "rotten":
+            self.rotten += 1
+            log.warning("cached chunk %s failed verification (disk rot?): cache file "
+                        "removed, fetching it again from the store", sha)
+        else:
+            log.warning("cached chunk %s: its cache file is missing; fetching it again",
+                        sha)
+        size = self._lru.pop(sha, None)
+        if size is not None:
+            self.total -= size
+        self._verified.discard(sha)
+        self._drop_hot(sha)
+        self._close_fd(sha)
+
+    async def copy_out(self, sha: str, length: int) -> bytes:
+        """The whole chunk, for a copy into a new version: the bytes returned are the
+        ones hashed, every time (a version written from them is published under new
+        hashes, so rot copied here would spread)."""
+        for _ in range(VERIFY_RETRY.attempts or 3):
+            self.pin(sha)
+            try:
+                await self.ensure(sha, length)
+                hot = self._hot.get(sha)
+                if hot is not None:
+                    return hot[0][:length]        # checked in memory, not on disk
+                async with self.limiter:
+                    data = await trio.to_thread.run_sync(self._read_checked, sha, length)
+            finally:
+                self.unpin(sha)
+            self.read_backs += 1
+            if isinstance(data, bytes):
+                return data
+            if sha not in self._inflight and sha in self._lru:
+                self._bad_copy(sha, data)
+        raise FsError(errno.EIO, f"chunk {sha[:12]}: the cache copy keeps failing its check")
+
+    def _read_checked(self, sha: str, length: int) -> bytes | str:
+        """The cache file's bytes if they are the chunk, else why not (as ``_read_back``)."""
+        path = self.path(sha)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return "missing"
+        if len(data) == length and chunk_ok(data, sha):
+            return data
+        path.unlink(missing_ok=True)
+        return "rotten"
 
     async def _fetch(self, sha: str, length: int) -> tuple[Path, mmap.mmap]:
         path = self.path(sha)
@@ -260,7 +388,7 @@ class ChunkCache:
         received, _ = self.store.get_into(chunk_key(sha), buf)
         got = time.monotonic()
         with memoryview(buf) as whole, whole[:length] as view:
-            good = received == length and hashlib.sha256(view).hexdigest() == sha
+            good = received == length and chunk_ok(view, sha)
             if good:
                 path.parent.mkdir(exist_ok=True)
                 tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
@@ -292,6 +420,7 @@ class ChunkCache:
             size = self._lru.pop(sha)
             self.evictions += 1
             self.total -= size
+            self._verified.discard(sha)
             self._drop_hot(sha)
             self._close_fd(sha)
             self._doomed.append(self.path(sha))

@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, never a traceback (-v shows it)
         if args.verbose:
             raise
-        return fail(f"{args.command}: {exc.__class__.__name__}: {exc}")
+        from .errors import first_cause
+        cause = first_cause(exc)
+        return fail(f"{args.command}: {cause.__class__.__name__}: {cause}")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -154,7 +156,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from .config import SETTINGS, ConfigError, load
-    from .daemon import MountError, check_mountpoint
+    from .errors import MountError
+    from .preflight import check_mountpoint
     from .store import BadStoreURL, open_store
 
     mountpoint = args.mountpoint.absolute()
@@ -212,8 +215,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
 
     import trio
 
-    from .daemon import Daemon, MountError, MountOptions
+    from .daemon import Daemon, MountOptions
     from .core import Config
+    from .errors import MountError, first_cause
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if args.log_file and args.ready_fd is None:
@@ -236,24 +240,35 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                         metrics_address=settings.metrics_address,
                         retention=settings.retention, s3_client=settings.s3_client)
     ready_fd = args.ready_fd
+    mounted = False
 
     def on_ready() -> None:
-        nonlocal ready_fd
+        nonlocal ready_fd, mounted
+        mounted = True
         if ready_fd is not None:
             os.write(ready_fd, b"OK\n")
             os.close(ready_fd)
             ready_fd = None
 
     try:
-        trio.run(Daemon(opts, store_wrap=wrap).run, on_ready)
-    except MountError as exc:
-        logging.getLogger("ckptfs").error("mount failed: %s", exc)
-        if ready_fd is not None:
-            os.write(ready_fd, f"ERR {exc}\n".encode())
-            return 1
-        return fail(str(exc))
+        try:
+            trio.run(Daemon(opts, store_wrap=wrap).run, on_ready)
+        except BaseExceptionGroup as group:     # a nursery's: the first real cause
+            raise first_cause(group) from None
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - one line in the log and the terminal
+        log = logging.getLogger("ckptfs")
+        if mounted and not isinstance(exc, MountError):
+            log.exception("daemon failed")      # a crash while mounted: its traceback
+            return fail(f"daemon failed: {exc.__class__.__name__}: {exc}")
+        message = str(exc) if isinstance(exc, MountError) \
+            else f"{exc.__class__.__name__}: {exc}"
+        log.error("mount failed: %s", message)
+        if ready_fd is not None:
+            os.write(ready_fd, f"ERR {message}\n".encode())
+            return 1
+        return fail(message)
     return 0
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -23,24 +24,23 @@ import pyfuse3
 import trio
 
 from .control import ControlServer
+from .errors import MountError
 from .core import Config, Filesystem
 from .fuse_ops import FuseOps
 from .liveness import DEFAULT_SETTLE
 from .namespace import ROOT_INO, Namespace
+from .preflight import (check_fuse_device, check_may_mount, check_mountpoint,
+                        explain_mount_failure)
 from .procstat import device_of_mount
 from .remote import FORMAT_KEY, FORMAT_VERSION
 from .stale import StaleStagedWatch
 from .buffers import BufferPool
 from .cache import ChunkCache
-from .staging import Staging
+from .staging import Staging, fd_cap
 from .store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store, store_policy)
 
 log = logging.getLogger(__name__)
-
-
-class MountError(Exception):
-    """The mount cannot proceed; the message is the one-line reason for the user."""
 
 
 @dataclass
@@ -76,17 +76,6 @@ def control_socket_path(state_dir: Path, socket_dir: Path = SOCKET_DIR) -> str:
     if len(path.encode()) < 100:
         return path
     return f"/tmp/ckptfs-{digest}.sock"
-
-
-def check_mountpoint(path: Path) -> None:
-    if not path.exists():
-        raise MountError(f"mount point {path} does not exist")
-    if not path.is_dir():
-        raise MountError(f"mount point {path} is not a directory")
-    if os.path.ismount(path):
-        raise MountError(f"{path} is already a mount point")
-    if any(os.scandir(path)):
-        raise MountError(f"mount point {path} is not empty")
 
 
 LOCK_NAME = "daemon.lock"
@@ -248,6 +237,42 @@ def sd_notify(message: str) -> None:
             log.warning("sd_notify failed: %s", exc)
 
 
+def raise_fd_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit (a checkpoint of
+    many files needs descriptors for FUSE, the cache, uploads and staging); the soft
+    limit in force afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard,
+                        exc)
+    return soft
+
+
+def bind_metrics(address: str | None):
+    """The metrics server, bound to ``--metrics-address`` before the store is opened or
+    anything is mounted (None without one).  Port 0 takes a free port: status and the
+    log say which."""
+    if not address:
+        return None
+    from .metrics import Metrics
+    metrics = Metrics()
+    try:
+        metrics.serve(address)
+    except ValueError as exc:
+        raise MountError(f"metrics address {address}: {exc}") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise MountError(f"metrics address {address} is in use: choose another "
+                             f"--metrics-address or stop what listens there") from None
+        raise MountError(f"metrics address {address}: cannot listen there: "
+                         f"{exc.strerror or exc}") from None
+    return metrics
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -266,15 +291,24 @@ class Daemon:
         self._stop_at: float | None = None
         self._stop_now = trio.Event()
         self._drains: set[trio.CancelScope] = set()
+        self.nofile = 1024              # the descriptor limit, raised by ``run``
 
     async def run(self, on_ready) -> None:
         opts = self.opts
+        self.nofile = raise_fd_limit()
+        # What can be known before anything is mounted (preflight.py), so that each
+        # cause gets its own line and libfuse's advice is never needed.
         check_mountpoint(opts.mountpoint)
+        check_fuse_device()
+        check_may_mount()
         prepare_state_dir(opts.state_dir)
         lock_fd = lock_state_dir(opts.state_dir, opts.mountpoint)
         try:
+            self.metrics = bind_metrics(self.opts.metrics_address)
             await self._run_locked(on_ready)
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             os.close(lock_fd)
 
     def _build_store(self):
@@ -327,10 +361,19 @@ class Daemon:
             ns.meta_put("store_url", store.url)
         return store, ns
 
+    def _open_staging(self) -> Staging:
+        """Staging files, with as many cached descriptors as the fd limit allows."""
+        state_dir = self.opts.state_dir
+        staging = Staging(state_dir / "staging", state_dir / "abandoned",
+                          max_fds=fd_cap(self.nofile))
+        log.info("descriptor limit %d; at most %d staging descriptors open", self.nofile,
+                 staging.max_fds)
+        return staging
+
     async def _run_locked(self, on_ready) -> None:
         opts = self.opts
         store, ns = await self._open_store_and_namespace()
-        staging = Staging(opts.state_dir / "staging", opts.state_dir / "abandoned")
+        staging = self._open_staging()
         # One pool of chunk buffers for fetches and uploads (buffers.py).
         buffers = BufferPool(self.config.chunk_size, keep=max(
             self.config.upload_concurrency, self.config.fetch_concurrency))
@@ -356,7 +399,8 @@ class Daemon:
                 try:
                     pyfuse3.init(ops, str(opts.mountpoint), options)
                 except RuntimeError as exc:
-                    raise MountError(f"FUSE mount failed: {exc}") from None
+                    raise MountError(explain_mount_failure(opts.mountpoint, str(exc))) \
+                        from None
                 self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
                                               self.config.stale_staged_after)
                 try:
@@ -376,8 +420,6 @@ class Daemon:
                 await self._after_unmount(fs, store)
                 nursery.cancel_scope.cancel()
         finally:
-            if self.metrics is not None:
-                self.metrics.close()
             staging.close_all()
             ns.close()
             try:
@@ -448,10 +490,11 @@ class Daemon:
         fs.after_seal = after_seal
 
     def _start_metrics(self, fs: Filesystem, staging: Staging):
-        """The metrics object, serving on ``--metrics-address`` (None without one)."""
-        if not self.opts.metrics_address:
+        """The bound metrics server (``bind_metrics``), now fed by this filesystem."""
+        metrics = self.metrics
+        if metrics is None:
             return None
-        from .metrics import Metrics, Snapshot
+        from .metrics import Snapshot
         token = trio.lowlevel.current_trio_token()
 
         def take() -> Snapshot:      # on the trio thread: nothing changes meanwhile
@@ -474,14 +517,8 @@ class Daemon:
             except trio.RunFinishedError:
                 return None
 
-        metrics = Metrics()
         metrics.attach(snapshot)
         fs.observe = metrics.observe
-        try:
-            metrics.serve(self.opts.metrics_address)
-        except (OSError, ValueError) as exc:
-            raise MountError(f"metrics address {self.opts.metrics_address}: {exc}") from None
-        self.metrics = metrics
         return metrics
 
     async def _ready_after_init(self, on_ready, url: str) -> None:
@@ -609,6 +646,7 @@ class Daemon:
                 "pending_bytes": self.pending()["pending_bytes"],
                 "oldest_pending_s": self._oldest_pending(),
                 "cache_limit": fs.cache.limit,
+                "metrics_address": self.metrics.address if self.metrics else None,
                 "retention_removed": list(self.retention.removed) if self.retention else []}
 
     def _oldest_pending(self) -> float | None:

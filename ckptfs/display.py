@@ -76,7 +76,9 @@ def status_text(doc: dict) -> str:
     row("cache", f"{human_bytes(fs.get('cache_bytes', 0))}"
                  + (f" of {human_bytes(limit)}" if limit else "")
                  + (f", {fs['corrupt_chunks']} corrupt chunk(s) refetched"
-                    if fs.get("corrupt_chunks") else ""))
+                    if fs.get("corrupt_chunks") else "")
+                 + (f", {fs['rotten_cache_chunks']} rotten cache file(s) refetched"
+                    if fs.get("rotten_cache_chunks") else ""))
     kinds = store.get("error_kinds") or {}
     errors = store.get("errors", 0)
     detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()) if n)

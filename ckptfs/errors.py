@@ -6,6 +6,11 @@ from __future__ import annotations
 import errno
 
 
+# Out of a local resource (descriptors, disk space): the caller gets the errno and the
+# log one line, not a traceback; the daemon serves on.
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.EDQUOT})
+
+
 class FsError(Exception):
     """A filesystem operation failed with ``errno``; ``reason`` is for the log."""
 
@@ -33,3 +38,18 @@ def errno_of(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     return errno.EIO
+
+
+class MountError(Exception):
+    """The mount cannot proceed; the message is the one-line reason for the user, with
+    what to do about it."""
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups — a trio nursery wraps
+    what its tasks raised — so that no user sees "Exceptions from Trio nursery".
+    Cancellations are skipped when anything else is there."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        real = [e for e in exc.exceptions if type(e).__name__ != "Cancelled"]
+        exc = (real or list(exc.exceptions))[0]
+    return exc

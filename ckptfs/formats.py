@@ -7,8 +7,10 @@ written in, recognised by their LEADING BYTES (never by name), and say why one i
 incomplete:
 
 * ``torch``: a zip archive (``PK\\3\\4``: torch.save, torch.jit.save, .pt2, .npz, DCP shards,
-  which are several torch zips back to back) must end with a consistent end record
-  (zip64 too) whose central directory parses and whose entries lie inside the file.  In a
+  which are several torch zips back to back) must have an end record (zip64 too) where
+  zipfile looks for one, whose central directory parses and whose entries lie inside the
+  file.  Bytes after it are allowed (zipfile allows them) unless they are zip records: then
+  the file's own end record was cut and an inner archive's was found.  In a
   torch.save archive every storage that ``data.pkl`` references must be an entry of at
   least numel x element-size bytes: torch's zip writer writes the end record even when the
   save is interrupted (its close runs in a ``finally``), leaving an archive with no
@@ -177,51 +179,88 @@ def _element_size(kind: str) -> int | None:
     return _ELEMENT_SIZE.get(kind.removesuffix("Storage"))
 
 
+_MAX_EOCD_FROM_END = 65535 + 22  # zipfile looks for the end record this far from the end
+_ZIP64_BEFORE_EOCD = 20 + 56      # zip64 locator and record
+# Signatures of zip records (and their 3-byte prefixes): after an end record they mean the
+# end record was an inner one -- a nested archive (.pt2) or an earlier one of a DCP shard.
+_ZIP_RECORDS = {sig[:n] for sig in (b"PK\x01\x02", b"PK\x03\x04", b"PK\x05\x06", b"PK\x06\x06",
+                                    b"PK\x06\x07", b"PK\x07\x08") for n in (3, 4)}
+
+
 def _check_zip(fd: int, size: int, head: bytes) -> None:
-    tail_at = max(0, size - (22 + 20 + 56))  # end record, zip64 locator and record
+    """Find the end record the way zipfile does (within the last 64 KiB; bytes after it
+    and its comment are allowed), check its central directory, then the torch entries.
+
+    Bytes after a valid end record are another file's business -- a newline, a signature
+    -- unless they are zip records: then the record found belongs to an inner archive (a
+    .pt2 holds zips, a DCP shard is zips back to back) and the file's own end was cut."""
+    tail_at = max(0, size - (22 + _ZIP64_BEFORE_EOCD))
     tail = _pread(fd, tail_at, size - tail_at)
-    if tail[-22:-18] != b"PK\x05\x06" or tail[-2:] != b"\0\0":  # a comment: look further
-        tail_at = max(0, size - (65535 + 22 + 20 + 56))
+    if tail[-22:-18] != b"PK\x05\x06" or tail[-2:] != b"\0\0":  # a comment, or bytes after
+        tail_at = max(0, size - (_MAX_EOCD_FROM_END + _ZIP64_BEFORE_EOCD))
         tail = _pread(fd, tail_at, size - tail_at)
-    i = len(tail)
-    while (i := tail.rfind(b"PK\x05\x06", 0, i)) >= 0:  # the end record, then its comment
-        if i + 22 <= len(tail) and i + 22 + struct.unpack_from("<H", tail, i + 20)[0] == len(tail):
+    i, first_problem = len(tail), None
+    while (i := tail.rfind(b"PK\x05\x06", 0, i)) >= 0:
+        if size - (tail_at + i) > _MAX_EOCD_FROM_END:
             break
-    else:
-        raise _Incomplete("zip archive: no end-of-central-directory record at the end")
-    count, cd_size, cd_off = struct.unpack_from("<10xHLL", tail, i)
+        end = i + 22 + (struct.unpack_from("<H", tail, i + 20)[0] if i + 22 <= len(tail) else 0)
+        if end > len(tail):
+            continue  # a record (or signature-like bytes) whose comment the file cuts
+        after = tail[end:]
+        try:
+            entries = _central_directory(fd, tail, tail_at, i)
+        except _Incomplete as e:
+            if not after:
+                raise  # the record sits exactly at the end: its directory is the answer
+            first_problem = first_problem or e
+            continue  # bytes that look like an end record inside data: look further back
+        if after and (after[:4] in _ZIP_RECORDS or after in (b"P", b"PK")):
+            raise _Incomplete("zip archive: zip records follow an end record "
+                              "(the archive after it or around it is cut short)")
+        _check_torch_entries(fd, entries)
+        return
+    raise first_problem or _Incomplete("zip archive: no end-of-central-directory record at the end")
+
+
+def _central_directory(fd: int, tail: bytes, tail_at: int, i: int) -> dict[str, tuple[int, int, int]]:
+    """name -> (method, uncompressed size, data start) of the archive whose end record
+    is at ``tail[i:]``; _Incomplete if its directory or local headers are not where it says.
+    Walks the directory by its size as zipfile does (the end record's count may wrap)."""
+    cd_size, cd_off = struct.unpack_from("<12xLL", tail, i)
     cd_end = tail_at + i
     if i >= 76 and tail[i - 20:i - 16] == b"PK\x06\x07":  # zip64 locator; its record sits just before it
         if tail[i - 76:i - 72] != b"PK\x06\x06":
             raise _Incomplete("zip archive: zip64 end record missing")
-        count, cd_size, cd_off = struct.unpack_from("<32xQQQ", tail, i - 76)
+        cd_size, cd_off = struct.unpack_from("<40xQQ", tail, i - 76)
         cd_end = tail_at + i - 76
     base = cd_end - cd_size - cd_off  # > 0 when the zip follows other bytes (DCP shards)
     if base < 0:
         raise _Incomplete("zip archive: central directory lies beyond its end record")
     cd_start = base + cd_off
     if cd_size > MAX_HEADER:
-        return  # an implausibly large central directory: not ours to judge
+        return {}  # an implausibly large central directory: not ours to judge
     cd = _pread(fd, cd_start, cd_size)
-    entries: dict[str, tuple[int, int, int]] = {}  # name -> (method, uncompressed, data start)
+    entries: dict[str, tuple[int, int, int]] = {}
     pos = 0
-    for _ in range(count):
+    while pos < len(cd):
         if cd[pos:pos + 4] != b"PK\x01\x02" or pos + 46 > len(cd):
             raise _Incomplete(f"zip archive: central directory entry {len(entries)} is corrupt")
         (method, csize, usize, nlen, xlen, clen, off) = struct.unpack_from("<10xH8xLLHHH8xL", cd, pos)
-        name = cd[pos + 46:pos + 46 + nlen]
+        name = cd[pos + 46:pos + 46 + nlen].decode("utf-8", errors="replace")
         csize, usize, off = _zip64_extra(cd[pos + 46 + nlen:pos + 46 + nlen + xlen], csize, usize, off)
         pos += 46 + nlen + xlen + clen
-        local = _pread(fd, base + off, 30 + nlen)
-        if local[:4] != b"PK\x03\x04" or local[30:] != name:
-            raise _Incomplete(f"zip archive: local header of {name.decode(errors='replace')} missing")
-        start = base + off + 30 + nlen + struct.unpack_from("<H", local, 28)[0]
+        # Only the signature: zipfile compares names after decoding them, and an archive
+        # appended to in mode "a" may spell a name differently here and in its directory.
+        local = _pread(fd, base + off, 30)
+        if local[:4] != b"PK\x03\x04" or len(local) < 30:
+            raise _Incomplete(f"zip archive: local header of {name} missing")
+        start = base + off + 30 + sum(struct.unpack_from("<HH", local, 26))
         if start + csize > cd_start:
-            raise _Incomplete(f"zip archive: data of {name.decode(errors='replace')} runs past the central directory")
-        entries[name.decode("utf-8", errors="replace")] = (method, usize, start)
+            raise _Incomplete(f"zip archive: data of {name} runs past the central directory")
+        entries[name] = (method, usize, start)
     if pos != len(cd):
-        raise _Incomplete(f"zip archive: central directory has {len(cd)} bytes, its {count} entries {pos}")
-    _check_torch_entries(fd, entries)
+        raise _Incomplete(f"zip archive: central directory has {len(cd)} bytes, its entries {pos}")
+    return entries
 
 
 def _zip64_extra(extra: bytes, csize: int, usize: int, off: int) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ import time
 import pyfuse3
 import trio
 
-from .errors import FsError, errno_of
+from .errors import RESOURCE_ERRNOS, FsError, errno_of
 from .core import Filesystem
 from .namespace import Inode
 from .procstat import Opener
@@ -43,6 +43,12 @@ def _errors(fn):
             raise pyfuse3.FUSEError(exc.errno) from None
         except trio.Cancelled:
             raise
+        except OSError as exc:
+            if exc.errno not in RESOURCE_ERRNOS:
+                log.exception("%s failed unexpectedly", fn.__name__)
+            else:       # out of descriptors or space: the caller's error, one line
+                log.warning("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(errno_of(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the daemon must stay up
             log.exception("%s failed unexpectedly", fn.__name__)
             raise pyfuse3.FUSEError(errno_of(exc)) from None

@@ -46,10 +46,11 @@ class Snapshot:
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9100`` for IPv6) -> (host, port); ValueError with one line."""
+    """``HOST:PORT`` (``[::1]:9100`` for IPv6) -> (host, port); ValueError with one line.
+    Port 0: any free port (``Metrics.address`` says which)."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"not HOST:PORT: {text!r}")
     return host, int(port)
 
@@ -76,6 +77,7 @@ class Metrics:
                                          registry=r)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self.address: str | None = None     # HOST:PORT served, the port bound (not 0)
 
     # ------------------------------------------------------------------ hooks
 
@@ -93,10 +95,15 @@ class Metrics:
 
     # ------------------------------------------------------------------ serving
 
-    def serve(self, address: str) -> None:
+    def serve(self, address: str) -> str:
+        """Listen on ``address`` (OSError if it cannot be bound); returns HOST:PORT with
+        the port actually bound."""
         host, port = parse_address(address)
         self._server, self._thread = start_http_server(port, host, registry=self.registry)
-        log.info("metrics on http://%s:%d/metrics", host, port)
+        port = self._server.server_address[1]
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info("metrics on http://%s/metrics", self.address)
+        return self.address
 
     def close(self) -> None:
         if self._server is not None:

@@ -2,7 +2,9 @@
 
 Every method is synchronous and short; callers run them on the trio thread with no
 ``await`` in between related changes, so the namespace needs no lock of its own (the
-S3QL discipline).  It knows nothing of file bytes, of the object store, or of FUSE.
+S3QL discipline).  A write that does not fit (the state dir's disk full, or the LMDB
+map full) is ``FsError(ENOSPC)`` and changes nothing, on disk or in the in-memory
+caches; ``batch`` makes several writes one transaction.  It knows nothing of file bytes, of the object store, or of FUSE.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import lmdb
 
 from .errors import FsError
+from .lmdbtxn import Transactions
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,53 @@ class Inode:
         return cls(**doc)
 
 
-class Namespace:
+class TwoStepNames:
+    """Part of ``Namespace``: a name created in two steps around a store call.  The
+    inode is written first with no name (``reserve_inode``: a full state dir fails
+    the operation before anything happened anywhere), named last (``attach``), or
+    dropped (``forget_reserved``)."""
+
+    def reserve_inode(self, type_: str, mode: int, uid: int, gid: int, **extra) -> Inode:
+        """An inode with no name yet: nobody can find it."""
+        now = time.time_ns()
+        with self._write() as txn:
+            ino = _U64.unpack(txn.get(b"next_ino", db=self.db_meta))[0]
+            txn.put(b"next_ino", _k(ino + 1), db=self.db_meta)
+            inode = Inode(ino=ino, type=type_, mode=mode & 0o7777, uid=uid, gid=gid,
+                          mtime_ns=extra.pop("mtime_ns", now), ctime_ns=now, atime_ns=now,
+                          parent=0, name=b"", **extra)
+            self._put_inode(txn, inode)
+        return inode
+
+    def attach(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Give a reserved inode its name, and its parent a new mtime, in one step."""
+        with self._write() as txn:
+            inode.parent, inode.name = parent.ino, name
+            self._put_inode(txn, inode)
+            txn.put(_k(parent.ino) + name, _k(inode.ino), db=self.db_dentries)
+            if inode.dir_id:
+                txn.put(inode.dir_id.encode(), _k(inode.ino), db=self.db_dir_ids)
+            if inode.link_id:
+                txn.put(inode.link_id.encode(), _k(inode.ino), db=self.db_link_ids)
+            parent.mtime_ns = parent.ctime_ns = time.time_ns()
+            self._put_inode(txn, parent)
+        self._cache[inode.ino] = inode
+        self._cache[parent.ino] = parent
+        self._index(inode)
+        self._count(parent.ino, inode, +1)
+
+    def forget_reserved(self, inode: Inode) -> None:
+        """Drop a reserved inode whose operation failed (best effort: a record left
+        behind on a full disk has no name and is never seen)."""
+        inode.parent, inode.name = 0, b""
+        try:
+            self.delete_inode(inode.ino)
+        except FsError as exc:
+            log.warning("reserved inode %d stays in %s, unnamed: %s", inode.ino, self.path,
+                        exc.reason)
+
+
+class Namespace(TwoStepNames, Transactions):
     """Inodes and dentries of one mount, persisted in ``state_dir/meta.lmdb``."""
 
     def __init__(self, path: Path, map_size: int = 4 << 30) -> None:
@@ -142,7 +191,10 @@ class Namespace:
         # Subdirectories per directory (its link count), counted once, then kept up to
         # date by every dentry change below.
         self._subdirs: dict[int, int] = {}
-        with self.env.begin(write=True) as txn:
+        self.path = path
+        self._written: set[int] = set()     # inodes the open write transaction wrote
+        self._init_transactions()
+        with self._write() as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
                 now = time.time_ns()
                 root = Inode(ino=ROOT_INO, type="dir", mode=0o755, mtime_ns=now, ctime_ns=now,
@@ -150,6 +202,20 @@ class Namespace:
                 txn.put(_k(ROOT_INO), root.encode(), db=self.db_inodes)
                 txn.put(b"next_ino", _k(ROOT_INO + 1), db=self.db_meta)
                 txn.put(b"next_journal", _k(1), db=self.db_meta)
+
+    def _rolled_back(self) -> None:
+        for ino in self._written:
+            self._cache.pop(ino, None)     # read again as it is on disk
+        self._written.clear()
+        self._subdirs.clear()
+        self._staged = None
+
+    def _committed(self) -> None:
+        self._written.clear()
+
+    def _put_inode(self, txn: lmdb.Transaction, inode: Inode) -> None:
+        self._written.add(inode.ino)
+        txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
 
     def close(self) -> None:
         self.env.sync(True)
@@ -179,9 +245,9 @@ class Namespace:
             return None
 
     def save(self, *inodes: Inode) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             for inode in inodes:
-                txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+                self._put_inode(txn, inode)
                 self._cache[inode.ino] = inode
         for inode in inodes:
             self._index(inode)
@@ -190,13 +256,13 @@ class Namespace:
                   gid: int, **extra) -> Inode:
         """Create an inode and its dentry in one transaction."""
         now = time.time_ns()
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             ino = _U64.unpack(txn.get(b"next_ino", db=self.db_meta))[0]
             txn.put(b"next_ino", _k(ino + 1), db=self.db_meta)
             inode = Inode(ino=ino, type=type_, mode=mode & 0o7777, uid=uid, gid=gid,
                           mtime_ns=extra.pop("mtime_ns", now), ctime_ns=now, atime_ns=now,
                           parent=parent, name=name, **extra)
-            txn.put(_k(ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
             txn.put(_k(parent) + name, _k(ino), db=self.db_dentries)
             if inode.dir_id:
                 txn.put(inode.dir_id.encode(), _k(ino), db=self.db_dir_ids)
@@ -230,22 +296,22 @@ class Namespace:
         return None if raw is None else _U64.unpack(raw)[0]
 
     def set_link_id(self, inode: Inode, link_id: str) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             inode.link_id = link_id
             txn.put(link_id.encode(), _k(inode.ino), db=self.db_link_ids)
-            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
         self._cache[inode.ino] = inode
 
     def add_name(self, inode: Inode, parent: int, name: bytes) -> None:
         """A further name (hard link) for a non-directory inode."""
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.put(_k(parent) + name, _k(inode.ino), db=self.db_dentries)
             if inode.parent:
                 inode.aliases.append((parent, name))
             else:
                 inode.parent, inode.name = parent, name
             inode.ctime_ns = time.time_ns()
-            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
         self._cache[inode.ino] = inode
 
     def ino_of_dir_id(self, dir_id: str) -> int | None:
@@ -256,18 +322,18 @@ class Namespace:
 
     def change_dir_id(self, inode: Inode, dir_id: str) -> None:
         """A directory created here joined another node's of the same name (oplog.py)."""
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             if inode.dir_id and txn.get(inode.dir_id.encode(), db=self.db_dir_ids) == \
                     _k(inode.ino):
                 txn.delete(inode.dir_id.encode(), db=self.db_dir_ids)
             inode.dir_id = dir_id
             txn.put(dir_id.encode(), _k(inode.ino), db=self.db_dir_ids)
-            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
         self._cache[inode.ino] = inode
 
     def delete_inode(self, ino: int) -> None:
         inode = self.maybe_get(ino)
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.delete(_k(ino), db=self.db_inodes)
             if inode is not None and inode.dir_id:
                 key = inode.dir_id.encode()
@@ -359,7 +425,7 @@ class Namespace:
         if parent is None:
             parent, name = inode.parent, inode.name
         assert name is not None
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             gone = inode.names if all_names else [(parent, name)]
             for p, n in gone:
                 if txn.get(_k(p) + n, db=self.db_dentries) == _k(inode.ino):
@@ -374,7 +440,7 @@ class Namespace:
                 inode.aliases.remove((parent, name))
             if inode.parent:
                 inode.ctime_ns = time.time_ns()
-            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
         self._index(inode)
 
     def move(self, inode: Inode, new_parent: int, new_name: bytes,
@@ -382,7 +448,7 @@ class Namespace:
         """Point ``new_parent/new_name`` at inode (replacing any dentry there), moving
         the name ``old`` (default: its first name)."""
         old = old or (inode.parent, inode.name)
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             replaced = txn.get(_k(new_parent) + new_name, db=self.db_dentries)
             if replaced is not None and replaced != _k(inode.ino):
                 self._subdirs.pop(new_parent, None)
@@ -396,13 +462,13 @@ class Namespace:
             else:
                 inode.parent, inode.name = new_parent, new_name
             inode.ctime_ns = time.time_ns()
-            txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+            self._put_inode(txn, inode)
         self._index(inode)
 
     def exchange(self, a: Inode, a_name: tuple[int, bytes], b: Inode,
                  b_name: tuple[int, bytes]) -> None:
         """Swap two dentries (RENAME_EXCHANGE) in one transaction."""
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.put(_k(a_name[0]) + a_name[1], _k(b.ino), db=self.db_dentries)
             txn.put(_k(b_name[0]) + b_name[1], _k(a.ino), db=self.db_dentries)
             for inode, old, new in ((a, a_name, b_name), (b, b_name, a_name)):
@@ -413,7 +479,7 @@ class Namespace:
                 else:
                     inode.parent, inode.name = new
                 inode.ctime_ns = time.time_ns()
-                txn.put(_k(inode.ino), inode.encode(), db=self.db_inodes)
+                self._put_inode(txn, inode)
         self._index(a)
         self._index(b)
 
@@ -430,7 +496,7 @@ class Namespace:
     # ------------------------------------------------------------------ journal
 
     def journal_add(self, record: dict) -> int:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             seq = _U64.unpack(txn.get(b"next_journal", db=self.db_meta))[0]
             txn.put(b"next_journal", _k(seq + 1), db=self.db_meta)
             txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
@@ -442,7 +508,7 @@ class Namespace:
             txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
 
     def journal_done(self, seq: int) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.delete(_k(seq), db=self.db_journal)
 
     def journal(self) -> list[tuple[int, dict]]:
@@ -456,11 +522,11 @@ class Namespace:
 
     def publish_pending_add(self, ino: int, epoch: int = 0) -> None:
         """``epoch``: the metadata log record the publish must follow (oplog.py)."""
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.put(_k(ino), str(epoch).encode(), db=self.db_publish)
 
     def publish_pending_done(self, ino: int) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.delete(_k(ino), db=self.db_publish)
 
     def publish_pending(self) -> dict[int, int]:
@@ -488,7 +554,7 @@ class Namespace:
         return out
 
     def chunk_mark(self, sha: str, generation: int) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.put(sha.encode(), json.dumps({"gen": generation, "at": int(time.time())}).encode(),
                     db=self.db_chunks)
 
@@ -500,7 +566,7 @@ class Namespace:
         return None if raw is None else raw.decode()
 
     def meta_put(self, key: str, value: str) -> None:
-        with self.env.begin(write=True) as txn:
+        with self._write() as txn:
             txn.put(key.encode(), value.encode(), db=self.db_meta)
 
 

@@ -84,9 +84,12 @@ class MetaLog:
     def add(self, record: dict, dirs: Iterable[int]) -> int:
         record = {**record, "op": "meta", "dirs": sorted(set(dirs))}
         seq = self.ns.journal_add(record)
-        self.pending[seq] = record
-        self.busy.update(record["dirs"])
-        self._wake()
+
+        def pending() -> None:      # once on disk (a namespace batch may still fail)
+            self.pending[seq] = record
+            self.busy.update(record["dirs"])
+            self._wake()
+        self.ns.after_commit(pending)
         return seq
 
     def _wake(self) -> None:

@@ -49,6 +49,10 @@ def weed_binary() -> str:
     return found
 
 
+class WeedExited(RuntimeError):
+    """weed ended before it served: most often a port it was given was taken."""
+
+
 @dataclass
 class SeaweedServer:
     data_dir: Path
@@ -69,7 +73,21 @@ class SeaweedServer:
             "AWS_ENDPOINT_URL": self.endpoint_url,
         }
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> None:
+        """Start the server.  Its ten ports are picked free and closed before weed binds
+        them, so another process may take one meanwhile: weed then exits, and it is
+        started again on new ports (a fresh data directory), at most ``attempts`` times."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                return
+            except WeedExited as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("%s; starting it again on other ports", exc)
+                shutil.rmtree(self.data_dir / "data", ignore_errors=True)
+
+    def _start_once(self, timeout: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "s3.json"
         config.write_text(json.dumps({"identities": [{
@@ -115,8 +133,8 @@ class SeaweedServer:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process and self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see "
-                                   f"{self.data_dir / 'weed.log'}")
+                raise WeedExited(f"weed exited with {self.process.returncode} at start; see "
+                                 f"{self.data_dir / 'weed.log'}")
             try:
                 bucket = "ckptfs-probe"
                 client.create_bucket(Bucket=bucket)

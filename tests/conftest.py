@@ -52,11 +52,14 @@ def eventually(predicate, timeout: float = 15.0):
 
 
 def run_ckptfs(*args: str, env: dict | None = None, timeout: float = 120,
-               check: bool = False) -> subprocess.CompletedProcess:
+               check: bool = False, preexec_fn=None) -> subprocess.CompletedProcess:
+    """``preexec_fn`` runs in the child before ``ckptfs`` starts (e.g. a lower
+    ``RLIMIT_NOFILE``, which the daemon ``mount`` forks inherits)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "ckptfs", *args], env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=preexec_fn)
     if check and proc.returncode != 0:
         raise AssertionError(f"ckptfs {' '.join(args)} failed ({proc.returncode}): "
                              f"{proc.stderr}")
@@ -121,14 +124,14 @@ class Mount:
         self.pid: int | None = None
 
     def start(self, *extra: str, durability: str = "sync", faults: dict | None = None,
-              env: dict | None = None) -> None:
+              env: dict | None = None, preexec_fn=None) -> None:
         full_env = dict(self.store.env)
         full_env.update(env or {})
         if faults is not None:
             full_env["CKPTFS_FAULTS"] = json.dumps(faults)
         run_ckptfs("mount", str(self.path), "--store", self.store.url, "--state-dir",
                    str(self.state_dir), "--durability", durability, *extra, env=full_env,
-                   check=True)
+                   check=True, preexec_fn=preexec_fn)
         self.pid = self.status()["pid"]
 
     def status(self) -> dict:

@@ -4,6 +4,7 @@ rmdir) and hard links."""
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import stat
@@ -17,7 +18,7 @@ from ..namespace import Inode
 from ..procstat import Opener
 from ..remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      entry_key)
-from ..store import NotFound
+from ..store import NotFound, StoreError
 from .state import (Handle)
 
 log = logging.getLogger(__name__)
@@ -96,9 +97,28 @@ class Names:
 
     async def _mkdir_in_store(self, parent_inode: Inode, name: bytes, mode: int, uid: int,
                               gid: int, dir_id: str, abandon_on_cancel: bool = False) -> Inode:
+        """Sync mode (and async mode's first try): the directory in the store, then
+        here.  Its inode is written here first, unnamed, so that a full state dir fails
+        the mkdir (ENOSPC) before the store has anything; the name comes last."""
+        staged = self.config.profiles.staged_on_create(name)
+        inode = self.ns.reserve_inode("dir", mode, uid, gid, dir_id=dir_id, published=True,
+                                      staged=staged)
+        try:
+            created = await self._mkdir_reserved(parent_inode, name, inode, abandon_on_cancel)
+        except BaseException:
+            self.ns.forget_reserved(inode)
+            raise
+        if not created:
+            raise FsError(errno.EEXIST)     # another's directory, now known here too
+        return inode
+
+    async def _mkdir_reserved(self, parent_inode: Inode, name: bytes, inode: Inode,
+                              abandon_on_cancel: bool) -> bool:
+        """Put the entry and name the reserved inode; False when another node's
+        directory of that name was adopted instead."""
         parent = parent_inode.ino
-        entry = Entry(type="dir", mode=mode & 0o7777, uid=uid, gid=gid, mtime_ns=time.time_ns(),
-                      id=dir_id, staged=self.config.profiles.staged_on_create(name))
+        entry = Entry(type="dir", mode=inode.mode, uid=inode.uid, gid=inode.gid,
+                      mtime_ns=inode.mtime_ns, id=inode.dir_id, staged=inode.staged)
         key = entry_key(parent_inode.dir_id, name)
         created = await self._store(self.store.put_if_absent, key, entry.to_json(),
                                     abandon_on_cancel=abandon_on_cancel)
@@ -113,38 +133,46 @@ class Names:
                 raise FsError(errno.EIO, f"mkdir race on {key}: {exc}") from None
             if entry.type != "dir":
                 raise FsError(errno.EEXIST)
-        existing = self.ns.lookup(parent, name)
-        if existing is not None:
-            if not created:
-                inode = self.ns.get(existing)
-                if inode.type == "dir" and inode.dir_id == entry.id:
-                    raise FsError(errno.EEXIST)
+        if self.ns.lookup(parent, name) is not None:
             raise FsError(errno.EEXIST)
         self._touch_dir(parent)
+        inode.dir_id, inode.mode, inode.uid, inode.gid = entry.id, entry.mode, entry.uid, \
+            entry.gid
+        inode.mtime_ns, inode.staged, inode.remote_etag = entry.mtime_ns, entry.staged, \
+            etag or None
         # A directory this node created in the store is known to be empty: its listing
         # is this node's until the TTL runs out (a lookup below it never has to wait for
         # the store, which may be gone by then).
-        inode = self.ns.new_inode(parent, name, "dir", entry.mode, entry.uid, entry.gid,
-                                  dir_id=entry.id, published=True, remote_etag=etag or None,
-                                  mtime_ns=entry.mtime_ns, staged=entry.staged,
-                                  listed_at=time.time() if created else 0.0)
-        self._mark_parent_changed(parent_inode)
-        if not created:
-            raise FsError(errno.EEXIST)
-        return inode
+        inode.listed_at = time.time() if created else 0.0
+        try:
+            self.ns.attach(inode, self.ns.get(parent), name)
+        except FsError:
+            if created:     # ours alone so far: the store forgets it too
+                await self._unput_mkdir(key, created)
+            raise
+        return bool(created)
+
+    async def _unput_mkdir(self, key: str, etag: str) -> None:
+        """Take back a directory entry this node just put, whose local half failed."""
+        try:
+            await self._store(functools.partial(self.store.delete, key, if_match=etag))
+        except (FsError, StoreError) as exc:
+            log.warning("mkdir failed here but its entry %s stays in the store: %s", key,
+                        exc)
 
     async def _mkdir_local(self, parent: Inode, name: bytes, mode: int, uid: int,
                            gid: int, dir_id: str) -> Inode:
         """Async mode: the directory exists here at once; the store gets it in log
-        order (``_exec_mkdir``)."""
+        order (``_exec_mkdir``).  Inode, name and journal record are one transaction."""
         self._touch_dir(parent.ino)
-        inode = self.ns.new_inode(parent.ino, name, "dir", mode & 0o7777, uid, gid,
-                                  dir_id=dir_id, published=False,
-                                  mtime_ns=time.time_ns(),
-                                  staged=self.config.profiles.staged_on_create(name))
-        self._mark_parent_changed(parent)
-        self.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
-                        "name": name.hex()}, dirs=[parent.ino])
+        with self.ns.batch():
+            inode = self.ns.new_inode(parent.ino, name, "dir", mode & 0o7777, uid, gid,
+                                      dir_id=dir_id, published=False,
+                                      mtime_ns=time.time_ns(),
+                                      staged=self.config.profiles.staged_on_create(name))
+            self._mark_parent_changed(parent)
+            self.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
+                            "name": name.hex()}, dirs=[parent.ino])
         await self._sync_journal()
         return inode
 
@@ -206,19 +234,31 @@ class Names:
                 raise FsError(errno.EEXIST)
             handle = await self.open(existing, flags, opener)
             return handle, self.ns.get(existing)
-        self._dir(parent)
+        parent_inode = self._dir(parent)
         self._touch_dir(parent)
         # A new name has no closed version until its writer's close: if the writer is
-        # killed, the name goes again.
-        inode = self.ns.new_inode(parent, name, "file", mode, uid, gid, max_ver=1)
+        # killed, the name goes again.  Inode, staging file, then the name: a full
+        # state dir (ENOSPC) or no descriptor left (EMFILE) leaves nothing behind.
+        inode = self.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
+        try:
+            self.staging.create_empty(inode.ino, 1)
+            try:
+                self.ns.attach(inode, parent_inode, name)
+            except BaseException:
+                self.staging.remove(inode.ino, 1)
+                raise
+        except OSError as exc:
+            self.ns.forget_reserved(inode)
+            raise FsError(exc.errno or errno.EIO, f"staging file: {exc.strerror}") from None
+        except BaseException:
+            self.ns.forget_reserved(inode)
+            raise
         rt = self._rt(inode.ino)
         session = self._start_session(inode, rt, 1)
-        self.staging.create_empty(inode.ino, 1)
         session.tracker.reset()
         session.wrote = True  # creating the file is a change worth publishing
         handle = self._new_handle(inode, opener, writable=True)
         await self.leases.writing(inode)
-        self._mark_parent_changed(self.ns.get(parent))
         return handle, inode
 
     # ------------------------------------------------------------------ removing names

@@ -102,8 +102,10 @@ class Publish:
     async def _incomplete_reason(self, inode: Inode, ver: int, size: int) -> str | None:
         if self.check_complete is None or size == 0:
             return None
-        fd = self.staging.fd(inode.ino, ver)
-        return await trio.to_thread.run_sync(self.check_complete, fd, size)
+        # The thread reads through a descriptor of its own: the shared one may be evicted
+        # (and its number reused by another file) while it runs.
+        with self.staging.owned_fd(inode.ino, ver) as fd:
+            return await trio.to_thread.run_sync(self.check_complete, fd, size)
 
     def _commit(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
         """The working version becomes the closed version (no await: one step)."""
@@ -149,10 +151,9 @@ class Publish:
             return
         if session.failed:
             raise FsError(session.failed, "an earlier write failed")
-        fd = self.staging.fd(handle.ino, session.ver)
         if self.config.durability != "sync":
             with self.upload_gate.busy():   # uploads wait for the writer (decision 0015)
-                await trio.to_thread.run_sync(os.fsync, fd)
+                await self._fsync_staged(handle.ino, session.ver)
                 await self._sync_journal()
             return
         # Sync mode: the staging file reaches the disk while the chunks reach the store
@@ -162,7 +163,7 @@ class Publish:
 
         async def to_disk() -> None:
             try:
-                await trio.to_thread.run_sync(os.fsync, fd)
+                await self._fsync_staged(handle.ino, session.ver)
                 await self._sync_journal()
             except Exception as exc:  # raised below, after the uploads ended too
                 failures.append(exc)
@@ -181,6 +182,12 @@ class Publish:
             self._unref(handle.ino, rt, session.ver)
         if failures:
             raise failures[0] from None
+
+    async def _fsync_staged(self, ino: int, ver: int) -> None:
+        """fsync a staging version in a worker thread, through a descriptor of its own
+        (the shared one may be evicted and its number reused meanwhile)."""
+        with self.staging.owned_fd(ino, ver) as fd:
+            await trio.to_thread.run_sync(os.fsync, fd)
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino in self._held_pointers:

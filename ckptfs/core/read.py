@@ -78,7 +78,7 @@ class ReadPath:
         if nxt is None or nxt.type != "file" or nxt.dirty or nxt.local_copy:
             return
         for sha, length in nxt.chunks[:NEXT_FILE_CHUNKS]:
-            if not self.cache.has(sha) and not self.cache.fetching(sha):
+            if not self.cache.ready(sha) and not self.cache.fetching(sha):
                 self.nursery.start_soon(self._readahead, sha, length)
 
     async def _read_chunks(self, chunks: list, total: int, offset: int, size: int,
@@ -105,13 +105,13 @@ class ReadPath:
                         nursery.start_soon(self.cache.ensure, sha, length)
             last_index = wanted[-1][3]
             for sha, length in chunks[last_index + 1:last_index + 1 + window]:
-                if not self.cache.has(sha) and not self.cache.fetching(sha):
+                if not self.cache.ready(sha) and not self.cache.fetching(sha):
                     self.nursery.start_soon(self._readahead, sha, length)
             parts = []
             for pos, sha, length, _ in wanted:
                 lo = max(offset, pos) - pos
                 hi = min(end, pos + length) - pos
-                parts.append(self.cache.pread(sha, hi - lo, lo))
+                parts.append(await self.cache.read(sha, length, lo, hi - lo))
             return b"".join(parts)
         finally:
             for _, sha, _, _ in wanted:

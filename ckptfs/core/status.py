@@ -106,6 +106,7 @@ class Status:
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
                 "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
+                "rotten_cache_chunks": self.cache.rotten,
                 "fetches_in_flight": self.cache.fetches_in_flight,
                 "open_handles": len(self.handles), "write_requests": self.write_requests,
                 "read_requests": self.read_requests,

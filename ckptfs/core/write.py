@@ -177,18 +177,17 @@ class WritePath:
 
     async def _materialize(self, inode: Inode, ver: int) -> None:
         """Write a published file's content into staging version ``ver``."""
-        fd = self.staging.create_empty(inode.ino, ver)
+        self.staging.create_empty(inode.ino, ver)
         chunks = list(inode.chunks)
         offset = 0
-        for sha, length in chunks:
-            self.cache.pin(sha)
-            try:
-                path = await self.cache.ensure(sha, length)
-                data = await trio.to_thread.run_sync(path.read_bytes)
-            finally:
-                self.cache.unpin(sha)
-            await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
-            offset += length
+        # Its own descriptor: the shared one may be evicted across the awaits below.
+        with self.staging.owned_fd(inode.ino, ver) as fd:
+            for sha, length in chunks:
+                # Checked as copied, every time: rot copied here would be published under
+                # the new version's own (valid) hashes.
+                data = await self.cache.copy_out(sha, length)
+                await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
+                offset += length
 
     def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
         try:

@@ -5,7 +5,7 @@ until DCP's own completion mark (.metadata) seals it."""
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -13,10 +13,13 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> str:
+    """A file the ranks meet at (torch's FileStore).  Not a TCP port picked free and
+    closed: another process can take it before rank 0 binds it."""
+    fd, path = tempfile.mkstemp(prefix="ckptfs-rdzv-")
+    os.close(fd)
+    os.unlink(path)             # FileStore creates it; it must not hold an old run
+    return f"file://{path}"
 
 
 def state_for(rank: int, step: int) -> dict:
@@ -26,10 +29,9 @@ def state_for(rank: int, step: int) -> dict:
             "step": step}
 
 
-def worker(rank: int, world: int, port: int, root: str, mode: str, errors) -> None:
+def worker(rank: int, world: int, init: str, root: str, mode: str, errors) -> None:
     try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         if mode == "save":
             dcp.save(state_for(rank, 1), checkpoint_id=os.path.join(root, "checkpoint_1"))
             future = dcp.async_save(state_for(rank, 2),
@@ -55,7 +57,7 @@ def worker(rank: int, world: int, port: int, root: str, mode: str, errors) -> No
 def run(root, mode):
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
-    mp.start_processes(worker, args=(2, free_port(), str(root), mode, errors), nprocs=2,
+    mp.start_processes(worker, args=(2, rendezvous(), str(root), mode, errors), nprocs=2,
                        start_method="spawn", join=True)
     assert errors.empty()
 

@@ -6,7 +6,7 @@ rng_state_1.pth: a third node must never list a checkpoint without rank 1's file
 from __future__ import annotations
 
 import os
-import socket
+import tempfile
 import threading
 import time
 
@@ -19,17 +19,24 @@ from conftest import eventually  # noqa: E402
 REQUIRED = ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth", "model.safetensors")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous() -> str:
+    """A file the ranks meet at (torch's FileStore).  Not a TCP port picked free and
+    closed: another process can take it before rank 0 binds it."""
+    fd, path = tempfile.mkstemp(prefix="ckptfs-rdzv-")
+    os.close(fd)
+    os.unlink(path)             # FileStore creates it; it must not hold an old run
+    return f"file://{path}"
 
 
-def worker(rank: int, world: int, port: int, outs: list[str], max_steps: int, resume: bool,
+def worker(rank: int, world: int, init: str, outs: list[str], max_steps: int, resume: bool,
            errors) -> None:
     try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank),
                           WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        # The group is made here, at a file: accelerate uses it instead of binding
+        # MASTER_PORT itself.
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
         from test_transformers import TinyDataset, tiny_model
         from transformers import Trainer, TrainingArguments
 
@@ -49,7 +56,7 @@ def worker(rank: int, world: int, port: int, outs: list[str], max_steps: int, re
 def run(outs: list, max_steps: int, resume: bool = False) -> None:
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
-    mp.start_processes(worker, args=(2, free_port(), [str(o) for o in outs], max_steps, resume,
+    mp.start_processes(worker, args=(2, rendezvous(), [str(o) for o in outs], max_steps, resume,
                                      errors), nprocs=2, start_method="spawn", join=True)
     assert errors.empty()
 

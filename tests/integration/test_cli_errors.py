@@ -8,12 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from asuser import ckptfs_as
 from conftest import Mount, run_ckptfs
 
 
@@ -61,14 +61,12 @@ def open_base():
 
 
 def as_nobody(*args: str) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/",
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                           sys.executable, "-m", "ckptfs", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
+    """``ckptfs ARGS...`` as nobody, in a child forked from this (root) process: it works
+    from any clone, whatever the modes of its directories (tests/asuser.py)."""
+    return ckptfs_as("nobody", *args, timeout=60)
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 def test_non_root_user_gets_one_line(open_base, local_store):
     """nobody may ask status and wait; commit and prefetch of root's private directory,
     gc and umount are refused with one line (tests/integration/test_nonroot.py has a

@@ -1,11 +1,14 @@
 """Prometheus metrics (issue 12 part 2): ``--metrics-address HOST:PORT`` serves
-``/metrics`` from a real mount, with real values after real saves and reads."""
+``/metrics`` from a real mount, with real values after real saves and reads.
+
+Every daemon here binds port 0 and the test reads the port it got from status: a port
+picked by the test and closed before the daemon binds it can be taken meanwhile (by
+another test's daemon, or SeaweedFS), and the mount then fails."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 
 import pytest
@@ -14,15 +17,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import run_ckptfs
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ANY_PORT = ("--metrics-address", "127.0.0.1:0")
 
 
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
+def metrics_address(mount) -> str:
+    """HOST:PORT the daemon serves metrics on (it bound port 0)."""
+    address = mount.status()["metrics_address"]
+    host, port = address.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0, address
+    return address
+
+
+def scrape(mount) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} of one scrape."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+    url = f"http://{metrics_address(mount)}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as reply:
         text = reply.read().decode()
     out = {}
     for family in text_string_to_metric_families(text):
@@ -32,8 +41,7 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
 
 
 def test_metrics_after_save_and_read(store, make_mount):
-    port_a, port_b = free_port(), free_port()
-    a = make_mount(store, name="a", extra=("--metrics-address", f"127.0.0.1:{port_a}"))
+    a = make_mount(store, name="a", extra=ANY_PORT)
     size = 3 * 2**20 + 123
     data = os.urandom(size)
     (a.path / "model.bin").write_bytes(data)
@@ -43,7 +51,7 @@ def test_metrics_after_save_and_read(store, make_mount):
     (ckpt / "w.bin").write_bytes(b"w" * 1000)
     run_ckptfs("commit", str(ckpt), check=True)
 
-    m = scrape(port_a)
+    m = scrape(a)
     assert m[("ckptfs_written_bytes_total", ())] >= 2 * size + 1000
     assert m[("ckptfs_uploaded_bytes_total", ())] >= size
     assert m[("ckptfs_deduplicated_bytes_total", ())] >= size
@@ -57,10 +65,11 @@ def test_metrics_after_save_and_read(store, make_mount):
     assert m[("ckptfs_writer_blocked_seconds_sum", (("op", "close"),))] > 0
     assert m[("ckptfs_store_errors_total", (("kind", "transient"),))] == 0
 
-    b = make_mount(store, name="b", extra=("--metrics-address", f"127.0.0.1:{port_b}"))
+    b = make_mount(store, name="b", extra=ANY_PORT)
+    assert metrics_address(b) != metrics_address(a)
     assert (b.path / "model.bin").read_bytes() == data
     assert (b.path / "copy.bin").read_bytes() == data
-    m = scrape(port_b)
+    m = scrape(b)
     assert m[("ckptfs_fetched_bytes_total", ())] >= size
     assert m[("ckptfs_cache_misses_total", ())] >= 1
     assert m[("ckptfs_cache_hits_total", ())] >= 1          # copy.bin: same chunks
@@ -71,20 +80,19 @@ def test_metrics_after_save_and_read(store, make_mount):
 
 @pytest.mark.expect_log_errors(r"failed verification", r"injected transient fault")
 def test_metrics_count_store_errors_and_corrupt_chunks(local_store, make_mount, tmp_path):
-    port = free_port()
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": []}))
     a = make_mount(local_store, name="a")
     data = os.urandom(100_000)
     (a.path / "f.bin").write_bytes(data)
     b = make_mount(local_store, name="b", faults={"control_file": str(control)},
-                   extra=("--metrics-address", f"127.0.0.1:{port}"))
+                   extra=ANY_PORT)
     control.write_text(json.dumps({"rules": [
         {"op": "get", "prefix": "chunks/", "kind": "corrupt", "times": 1},
         {"op": "put", "prefix": "dirs/", "kind": "transient", "times": 1}]}))
     assert (b.path / "f.bin").read_bytes() == data          # refetched after the bad one
     (b.path / "g.bin").write_bytes(b"g")                    # one retried PUT
-    m = scrape(port)
+    m = scrape(b)
     assert m[("ckptfs_corrupt_chunks_total", ())] == 1
     assert m[("ckptfs_store_errors_total", (("kind", "transient"),))] == 1
 

@@ -10,19 +10,17 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from asuser import ckptfs_as, run_as
 from conftest import Mount
 
 USER = "ckptfs-job"
 
-pytestmark = pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
-                                reason="needs root and setpriv (util-linux)")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +42,8 @@ def open_base():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def as_user(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
-           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups",
-                           *argv], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def ckptfs_as_user(*args: str) -> subprocess.CompletedProcess:
-    return as_user(sys.executable, "-m", "ckptfs", *args)
+    return ckptfs_as(USER, *args)
 
 
 def one_line_failure(proc: subprocess.CompletedProcess) -> str:
@@ -64,9 +54,9 @@ def one_line_failure(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-JOB = textwrap.dedent("""
-    import os, sys, ckptfs
-    jobs = sys.argv[1]
+def job(jobs: str) -> None:
+    """An ordinary user's training job (in the forked child, as USER)."""
+    import ckptfs
     ckpt = os.path.join(jobs, "checkpoint-1")
     os.makedirs(ckpt)
     data = os.urandom(300_000)
@@ -83,8 +73,7 @@ JOB = textwrap.dedent("""
     with open(os.path.join(ckpt, "model.bin"), "rb") as f:
         assert f.read() == data
     st = os.stat(os.path.join(ckpt, "model.bin"))
-    print(st.st_uid, oct(st.st_mode & 0o777))
-""")
+    print(os.getuid(), st.st_uid, oct(st.st_mode & 0o777))
 
 
 def test_ordinary_user_saves_reads_waits_and_commits(open_base, local_store, job_user):
@@ -101,9 +90,10 @@ def test_ordinary_user_saves_reads_waits_and_commits(open_base, local_store, job
         private.write_bytes(b"secret")
         os.chmod(private, 0o600)
 
-        proc = as_user(sys.executable, "-c", JOB, str(jobs))
+        proc = run_as(USER, job, str(jobs))
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.split() == [str(job_user.pw_uid), "0o644"]
+        uid = str(job_user.pw_uid)
+        assert proc.stdout.split() == [uid, uid, "0o644"]
 
         # Anyone may ask status, wait and state.
         proc = ckptfs_as_user("status", "--json", str(mnt.path))

@@ -186,3 +186,34 @@ def test_a_bucket_deleted_under_the_mount_stops_publishing_loudly(durability, se
     assert proc.returncode != 0, proc
     assert "lost its marker" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
         proc.stderr
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS, r"fetch", r"chunk")
+@pytest.mark.parametrize("fault", ["403", "refuse", "503"])
+def test_sync_mode_answers_what_it_knows_and_fails_an_uncached_read_in_bounded_time(
+        fault, store_proxy, s3_store, make_mount):
+    """Sync mode, the store away: listings and lookups of what the node knows answer from
+    local metadata; a read that needs the store fails with EIO within store_timeout."""
+    mnt = make_mount(store_proxy, extra=("--store-timeout", "3", "--metadata-ttl", "0.2"))
+    writer = make_mount(s3_store, name="writer")
+    (mnt.path / "run").mkdir()
+    (mnt.path / "run" / "mine.bin").write_bytes(b"mine")
+    (writer.path / "run" / "theirs.bin").write_bytes(os.urandom(MiB))
+    assert eventually(lambda: "theirs.bin" in os.listdir(mnt.path / "run"))
+    os.stat(mnt.path / "run" / "theirs.bin")
+
+    store_proxy.proxy.mode = fault
+    for _ in range(3):
+        assert sorted(os.listdir(mnt.path / "run")) == ["mine.bin", "theirs.bin"]
+        assert os.stat(mnt.path / "run" / "theirs.bin").st_size == MiB
+        assert (mnt.path / "run" / "mine.bin").read_bytes() == b"mine"
+    import time
+    started = time.monotonic()
+    with pytest.raises(OSError) as info:
+        (mnt.path / "run" / "theirs.bin").read_bytes()
+    took = time.monotonic() - started
+    assert info.value.errno == 5, info.value
+    print(f"uncached read with the store answering {fault}: EIO after {took:.1f} s")
+    assert took < 3 + 30, took       # store_timeout, and a generous margin for the VM
+    store_proxy.proxy.mode = "pass"
+    assert len((mnt.path / "run" / "theirs.bin").read_bytes()) == MiB

@@ -439,3 +439,76 @@ def test_a_member_name_from_a_damaged_archive_is_shown_on_one_line(tmp_path):
     reason = check(tmp_path / "bad.pt")
     assert reason is not None and reason.startswith("zip archive:")
     assert reason.isprintable(), reason
+
+
+# --- valid zips CPython's test_zipfile writes: published, not refused ----------------
+# (test_zipfile on a mount got EIO at close for these three; zipfile reads them all)
+
+def stored_zip(path, comment=b""):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.comment = comment
+        z.writestr("member.txt", b"some text\n" * 50)
+
+
+def test_zip_with_a_newline_after_the_end_record(tmp_path):
+    """StoredTestsWithSourceFile.test_ignores_newline_at_end."""
+    p = tmp_path / "a.zip"
+    stored_zip(p)
+    with open(p, "a", encoding="utf-8") as f:
+        f.write("\r\n\00\00\00")
+    assert zipfile.ZipFile(p).read("member.txt") == b"some text\n" * 50
+    assert check(p) is None
+
+
+def test_zip_with_bytes_appended_past_its_comment(tmp_path):
+    """StoredTestsWithSourceFile.test_ignores_stuff_appended_past_comments."""
+    p = tmp_path / "a.zip"
+    stored_zip(p, comment=b"this is a comment")
+    with open(p, "a", encoding="utf-8") as f:
+        f.write("abcdef\r\n")
+    assert zipfile.ZipFile(p).comment == b"this is a comment"
+    assert check(p) is None
+
+
+def test_zip_appended_to_whose_local_names_differ_from_the_directory(tmp_path):
+    """EncodedMetadataTests.test_read_after_append: Shift JIS names hacked into a zip
+    without the UTF-8 flag; mode "a" rewrites the central directory with the names as
+    UTF-8, so the local headers' name bytes no longer equal the directory's."""
+    p = tmp_path / "a.zip"
+    placeholders, names = ["n1", "n2", "\u4e09"], ["\u4e00", "\u4e8c"]
+    with zipfile.ZipFile(p, "w") as z:
+        for temp, content in zip(placeholders, [b"ascii\n", "\u3053\n".encode(), b"sjis\n"]):
+            z.writestr(temp, content, zipfile.ZIP_STORED)
+    data = p.read_bytes()
+    for name, temp in zip(names, placeholders):
+        data = data.replace(temp.encode("ascii"), name.encode("shift_jis"))
+    p.write_bytes(data)
+    assert check(p) is None
+    with zipfile.ZipFile(p, "a") as z:
+        z.writestr("\u56db", "newcontent")
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None  # zipfile reads every member
+    assert check(p) is None
+
+
+def test_zip_whose_end_record_counts_differ_from_its_directory(tmp_path):
+    """zipfile walks the central directory by its size, not by the end record's count."""
+    p = tmp_path / "a.zip"
+    stored_zip(p)
+    data = bytearray(p.read_bytes())
+    struct.pack_into("<HH", data, len(data) - 22 + 8, 7, 7)
+    p.write_bytes(bytes(data))
+    assert zipfile.ZipFile(p).testzip() is None
+    assert check(p) is None
+
+
+def test_dcp_shard_cut_inside_a_following_archive_is_still_refused(tmp_path):
+    """Bytes after a complete archive that begin another one are a cut archive."""
+    p = tmp_path / "two.pt"
+    torch.save({"a": torch.randn(10)}, tmp_path / "one.pt")
+    one = (tmp_path / "one.pt").read_bytes()
+    for tail in (b"P", b"PK", b"PK\x03", one[:40], one[:-30]):
+        p.write_bytes(one + tail)
+        assert check(p) is not None, tail[:8]
+    p.write_bytes(one + b"\r\n")
+    assert check(p) is None

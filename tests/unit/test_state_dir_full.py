@@ -1,0 +1,98 @@
+"""A full LMDB map is ENOSPC to mkdir and create, and a failed operation has no effect
+anywhere: not in the namespace, not in the store, not journaled (issue item 9)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import trio
+
+from ckptfs.cache import ChunkCache
+from ckptfs.core import Config, Filesystem
+from ckptfs.errors import FsError
+from ckptfs.namespace import ROOT_INO, Namespace
+from ckptfs.procstat import Opener
+from ckptfs.staging import Staging
+from ckptfs.store import LocalStore
+
+
+async def with_fs(tmp_path, durability: str, body) -> None:
+    (tmp_path / "store").mkdir()
+    store = LocalStore(tmp_path / "store")
+    ns = Namespace(tmp_path / "meta", map_size=256 << 10)
+    staging = Staging(tmp_path / "staging", tmp_path / "abandoned")
+    cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
+    try:
+        async with trio.open_nursery() as nursery:
+            fs = Filesystem(ns, store, staging, cache, Config(durability=durability), nursery)
+            await nursery.start(fs.run)
+            await fs.start()
+            await body(fs, store)
+            nursery.cancel_scope.cancel()
+    finally:
+        staging.close_all()
+        ns.close()
+
+
+def store_names(store: LocalStore) -> set[str]:
+    return {obj.key.rsplit("/", 1)[-1] for obj in store.list("") if "/d" in obj.key}
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_mkdir_on_a_full_lmdb_map_is_enospc_and_leaves_nothing(tmp_path, durability):
+    async def body(fs: Filesystem, store: LocalStore) -> None:
+        made: list[bytes] = []
+        with pytest.raises(FsError) as info:
+            for i in range(100_000):
+                name = f"d{i:06d}".encode()
+                await fs.mkdir(ROOT_INO, name, 0o755, 0, 0)
+                made.append(name)
+        assert info.value.errno == errno.ENOSPC, info.value
+        failed = f"d{len(made):06d}".encode()
+        assert fs.ns.lookup(ROOT_INO, failed) is None
+        journaled = {r.get("name") for _, r in fs.ns.journal()}
+        assert failed.hex() not in journaled
+        assert len(fs.oplog.pending) == len([n for n in made if n.hex() in journaled])
+        # Space again: the failed name can be made, the others exist.
+        fs.ns.env.set_mapsize(64 << 20)
+        await fs.mkdir(ROOT_INO, failed, 0o755, 0, 0)
+        with pytest.raises(FsError) as again:
+            await fs.mkdir(ROOT_INO, made[-1], 0o755, 0, 0)
+        assert again.value.errno == errno.EEXIST
+        await fs.wait_idle()
+        in_store = {n for n in store_names(store) if n.startswith("d")}
+        assert len(in_store) == len(made) + 1
+        assert len(made) > 10
+
+    trio.run(with_fs, tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_create_on_a_full_lmdb_map_is_enospc_and_leaves_nothing(tmp_path, durability):
+    async def body(fs: Filesystem, store: LocalStore) -> None:
+        me = Opener.from_tid(os.getpid())
+        made = 0
+        with pytest.raises(FsError) as info:
+            for i in range(100_000):
+                handle, _ = await fs.create(ROOT_INO, f"f{i:06d}".encode(), 0o644,
+                                            os.O_WRONLY | os.O_CREAT, 0, 0, me)
+                made += 1
+                await fs.flush(handle.fh)
+                await fs.release(handle.fh)
+        assert info.value.errno == errno.ENOSPC, info.value
+        if fs.ns.lookup(ROOT_INO, f"f{made - 1:06d}".encode()) is None:
+            made -= 1       # the create failed, not a later close
+        failed = f"f{made:06d}".encode()
+        assert fs.ns.lookup(ROOT_INO, failed) is None
+        assert len(fs.handles) == 0
+        fs.ns.env.set_mapsize(64 << 20)
+        handle, _ = await fs.create(ROOT_INO, failed, 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
+                                    me)
+        await fs.write(handle.fh, 0, b"after")
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        assert made > 10
+
+    trio.run(with_fs, tmp_path, durability, body)
