@@ -4,7 +4,10 @@ Two mounts (A = 0, B = 1: separate daemons, own state dirs) over ONE store run r
 sequences of saves, overwrites, truncates, renames of files and directories, unlinks,
 mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held open across
 steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh node replacing
-one, gc, and pairs of operations racing on the two nodes.  After every step what each
+one, gc, pairs of operations racing on the two nodes, one node racing itself (renames
+over fresh targets and back, lstat after each), a byte rotting in a node's chunk cache,
+and outages of the store both nodes share (refuse, 403, 503, hang) with steps going on
+during them.  Every daemon runs under a low descriptor limit.  After every step what each
 mount shows (listing + content of every file) must be a state the model allows:
 
 - safety, at every observation: every file's content is exactly ONE closed version
@@ -15,13 +18,19 @@ mount shows (listing + content of every file) must be a state the model allows:
   overwritten/renamed/unlinked is lost, names follow renames and unlinks;
 - the node that made a step shows it at once (POSIX on one node);
 - after racing operations, every node converges to the result of one of their two
-  serial orders.
+  serial orders;
+- during a store outage an async node's steps all succeed on it, ``ckptfs wait`` does
+  not say done while a file it closed is pending, status names the outage, and after it
+  every node converges; a sync step may fail with EIO and then either happened or did
+  not -- never half -- and after the outage every node converges to one of those states.
 
 Knobs (environment): CKPTFS_MODEL_EXAMPLES (per durability, default 3),
 CKPTFS_MODEL_STEPS (per example, default 10), CKPTFS_MODEL_SEED (default: derandomized,
 so CI is reproducible), CKPTFS_MODEL_STORES (local,s3; default local),
 CKPTFS_MODEL_DURABILITY (sync,async), CKPTFS_MODEL_TTL (metadata TTL, default 0.25 s),
-CKPTFS_MODEL_SHRINK (0 to skip shrinking), CKPTFS_MODEL_REPORT (a JSON file to which the
+CKPTFS_MODEL_STORE_TIMEOUT (the daemons' store_timeout, default 5 s: a step in an
+outage fails after it), CKPTFS_MODEL_NOFILE (the daemons' RLIMIT_NOFILE, default 128; 0
+leaves it), CKPTFS_MODEL_SHRINK (0 to skip shrinking), CKPTFS_MODEL_REPORT (a JSON file to which the
 run's counts are appended; tools/soak.sh uses it).
 """
 
@@ -30,6 +39,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -86,6 +97,8 @@ OUTAGE_ERRORS = (r"store error: ", r"store timeout: ", r"failed after \d+ attemp
                  r"store unavailable", r"access denied", r"does not exist", r"injected")
 # A call to a store in an outage fails after this (sync: the step's EIO).
 STORE_TIMEOUT = float(_KNOBS.get("CKPTFS_MODEL_STORE_TIMEOUT", "5"))
+# Every daemon runs under this RLIMIT_NOFILE (soft and hard); 0: the inherited one.
+NOFILE = int(_KNOBS.get("CKPTFS_MODEL_NOFILE", "128"))
 # Sync: at most this many states a store fault's failed steps may have left.
 MAX_CANDIDATES = 8
 
@@ -154,6 +167,14 @@ class StoreFaults:
             self.store.proxy.close()
 
 
+def _low_nofile() -> None:
+    """In the ``ckptfs mount`` child: the descriptor limit its daemon inherits."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+
+CHUNK_FILE = re.compile(r"[0-9a-f]{64}")
+
+
 class ModelFailure(AssertionError):
     pass
 
@@ -201,7 +222,7 @@ class ModelMachine(RuleBasedStateMachine):
         # waited 10 minutes to delete them, and the step timed out.
         mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK, "--gc-settle", "0.3",
                     "--store-timeout", str(STORE_TIMEOUT), durability=self.ctx.durability,
-                    faults=self.faults.plan())
+                    faults=self.faults.plan(), preexec_fn=_low_nofile if NOFILE else None)
 
     def teardown(self) -> None:
         for _, writer in self.writers.values():
@@ -651,6 +672,34 @@ class ModelMachine(RuleBasedStateMachine):
                 writer.kill()
                 del self.writers[fid]
                 self.model.lose_writer(fid)
+
+    @precondition(lambda self: self.fault is None and "rot" not in SKIP)
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def cache_rot(self, data, m):
+        """One byte of a chunk in node ``m``'s cache rots on disk; the daemon restarts
+        (SIGKILL: open writers on it lose their file).  Every read must still give the
+        model's bytes (a daemon checks a cache file once per lifetime before serving
+        it)."""
+        if not self.before_step(m):
+            return
+        cache = self.mounts[m].state_dir / "cache"
+        chunks = [p for p in cache.glob("??/*")
+                  if CHUNK_FILE.fullmatch(p.name) and p.stat().st_size > 0]
+        name = self.pick(data, [p.name for p in chunks], "chunk")
+        if name is None:
+            return
+        path = cache / name[:2] / name
+        at = data.draw(st.integers(0, path.stat().st_size - 1), label="at")
+        self.note(f"{'AB'[m]}: byte {at} of cached chunk {name[:12]} rots; daemon "
+                  f"SIGKILLed and restarted")
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        self._kill_node(m)
+        self._start(self.mounts[m])
+        self.check(m)
 
     @precondition(lambda self: self.fault is None and "restart" not in SKIP)
     @rule(m=st.integers(0, 1))
