@@ -57,6 +57,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
                                  run_state_machine_as_test)
 
 from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
+from logcheck import bad_records, daemon_logs
 from proxy import FaultProxy
 from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
                            observe, parent_of, version_bytes)
@@ -94,11 +95,15 @@ ASYNC_FAULTS = {"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", "d
 # The store outages a step can start (StoreFaults) and the errors they log.
 FAULT_KINDS = [k for k in ("refuse", "403", "503", "hang") if f"fault-{k}" not in SKIP]
 OUTAGE_ERRORS = (r"store error: ", r"store timeout: ", r"failed after \d+ attempts",
-                 r"store unavailable", r"access denied", r"does not exist", r"injected")
+                 r"store unavailable", r"access denied", r"does not exist", r"injected",
+                 r"No space left on device")
 # A call to a store in an outage fails after this (sync: the step's EIO).
 STORE_TIMEOUT = float(_KNOBS.get("CKPTFS_MODEL_STORE_TIMEOUT", "5"))
 # Every daemon runs under this RLIMIT_NOFILE (soft and hard); 0: the inherited one.
 NOFILE = int(_KNOBS.get("CKPTFS_MODEL_NOFILE", "128"))
+# Every node's state dir is a tmpfs of this many MiB, so a step can fill it (root
+# only); 0: a plain directory, no full-state-dir steps.
+STATE_MIB = int(_KNOBS.get("CKPTFS_MODEL_STATE_MIB", "32" if os.geteuid() == 0 else "0"))
 # Sync: at most this many states a store fault's failed steps may have left.
 MAX_CANDIDATES = 8
 
@@ -201,6 +206,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.history: list[str] = []
         self.generation = [0, 0]
         self.mounts: list[Mount] = []
+        self.tmpfs: list[Path] = []           # state dirs mounted as a tmpfs
+        self.full_node: int | None = None     # the node whose state dir is full
         for i in (0, 1):
             self.mounts.append(self._new_mount(i))
 
@@ -213,8 +220,25 @@ class ModelMachine(RuleBasedStateMachine):
     def _new_mount(self, i: int) -> Mount:
         self.generation[i] += 1
         mount = Mount(self.dir, self.store, f"{'AB'[i]}{self.generation[i]}")
+        if STATE_MIB:
+            mount.state_dir.mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STATE_MIB}m", "tmpfs",
+                            str(mount.state_dir)], check=True)
+            self.tmpfs.append(mount.state_dir)
         self._start(mount)
         return mount
+
+    def _drop_tmpfs(self) -> None:
+        """Unmount the tmpfs state dirs (daemons gone); each log is kept beside its
+        state dir (``<name>-state.log/ckptfs.log``) for the log check and for KEEP."""
+        for state in self.tmpfs:
+            log = state / "ckptfs.log"
+            if log.exists():
+                keep = state.with_name(state.name + ".log")
+                keep.mkdir(exist_ok=True)
+                shutil.copyfile(log, keep / "ckptfs.log")
+            subprocess.run(["umount", "-l", str(state)], check=False, capture_output=True)
+        self.tmpfs.clear()
 
     def _start(self, mount: Mount) -> None:
         # gc's settle time is tiny here (recorded in the store by the first mount): with
@@ -233,8 +257,18 @@ class ModelMachine(RuleBasedStateMachine):
                 mount.kill()
             mount.cleanup()
         self.faults.close()
+        self._drop_tmpfs()
+        # The logs are checked here, before the example's directory goes: the test's
+        # own log check (logcheck.py) runs after every example is gone.
+        allowed = [re.compile(p) for p in OUTAGE_ERRORS]
+        problems = [f"{log.relative_to(self.dir)}:\n{record}"
+                    for log in daemon_logs(self.dir)
+                    for record in bad_records(log.read_text(errors="replace"), allowed)]
         if not KEEP:
             shutil.rmtree(self.dir, ignore_errors=True)
+        if problems:
+            self.fail("unexpected ERROR/Traceback in daemon log(s):\n" +
+                      "\n---\n".join(problems))
 
     def note(self, text: str) -> None:
         self.ctx.steps += 1
@@ -266,7 +300,7 @@ class ModelMachine(RuleBasedStateMachine):
         steps stay pending (local-first).  During a store fault nothing can be waited
         for: an async node acts only if it needs nothing from the other one, and a sync
         node only through ``fault_step`` (which allows a step to fail)."""
-        if self.sync:
+        if self.sync or self.fault == "full":
             return self.fault is None
         others = self.unsynced if m is None else self.unsynced - {m}
         if others:
@@ -751,20 +785,52 @@ class ModelMachine(RuleBasedStateMachine):
         """The store both nodes share goes away (refuse, 403, 503, hang) until
         ``fault_end``.  Async: every step on a node goes on locally; sync: a step may fail
         with EIO, and then either happened or did not -- never half."""
+        # Every node lists every directory first: a node that never listed one cannot
+        # know, with the store away, whether a name exists there (EIO, by design).
+        for i, mount in enumerate(self.mounts):
+            self.safety(i, self.stable_observe(i), [self.model])
         self.note(f"store fault starts: {kind}")
         self.fault = kind
         self.fault_saved = set()
         self.candidates = [self.model]
         self.faults.start(kind)
 
-    @precondition(lambda self: self.fault is not None and self.sync
+    @precondition(lambda self: self.fault is None and STATE_MIB and "full" not in SKIP)
+    @rule(m=st.integers(0, 1))
+    def state_full(self, m):
+        """Node ``m``'s state dir fills up (another program's file takes every byte of
+        its file system) until ``fault_end``; meanwhile only ``fault_step`` acts, on that
+        node: a step succeeds or fails with ENOSPC (or EIO), and then did not happen."""
+        if not self.before_step(m):
+            return
+        self.note(f"{'AB'[m]}: state dir full")
+        self.fault, self.full_node = "full", m
+        self.fault_saved = set()
+        self.candidates = [self.model]
+        fd = os.open(self.mounts[m].state_dir / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for piece in (1 << 20, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * piece)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        finally:
+            os.close(fd)
+        # What is left is what the file system keeps for itself.
+
+    @precondition(lambda self: self.fault is not None
+                  and (self.sync or self.fault == "full")
                   and len(self.candidates) <= MAX_CANDIDATES)
     @rule(data=st.data(), m=st.integers(0, 1), what=st.sampled_from(
         ["save", "save", "rename", "unlink", "mkdir", "rmdir"]))
     def fault_step(self, data, m, what):
-        """Sync, store away: one step on node ``m``; it succeeds (then it happened) or
-        fails with EIO (then it happened or not); any other answer must be the one the
-        model gives."""
+        """Sync with the store away, or a full state dir on node ``m`` (then only that
+        node acts): one step; it succeeds (then it happened) or fails with EIO or ENOSPC
+        (then it happened or not); any other answer must be the one the model gives."""
+        if self.fault == "full":
+            m = self.full_node
         model = self.model
         if what == "save":
             path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
@@ -799,7 +865,7 @@ class ModelMachine(RuleBasedStateMachine):
                 return
             op = ("rmdir", path)
             text = f"rmdir {path}"
-        self.note(f"{'AB'[m]}: {text} (store away)")
+        self.note(f"{'AB'[m]}: {text} ({'state dir full' if self.fault == 'full' else 'store away'})")
         try:
             if op[0] == "write":
                 with open(self.abs(m, op[1]), "wb") as f:
@@ -817,7 +883,7 @@ class ModelMachine(RuleBasedStateMachine):
         for c in self.candidates:
             done = c.copy()
             rc = done.apply(op)
-            if result in (errno.EIO, errno.ETIMEDOUT):
+            if result in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC):
                 after += [c] if rc else [c, done]
             elif rc == result:
                 after.append(done)
@@ -841,16 +907,22 @@ class ModelMachine(RuleBasedStateMachine):
         after it, everything reaches the store and every node converges.  Sync: every
         node converges to one of the states the failed steps allow."""
         kind, self.fault = self.fault, None
-        if not self.sync:
-            for i in sorted(self.fault_saved & self.unsynced):
-                self.pending_during_outage(i, kind)
-        self.note(f"store fault ends ({kind})")
-        self.faults.end()
+        if kind == "full":
+            m, self.full_node = self.full_node, None
+            self.note(f"{'AB'[m]}: state dir has room again")
+            (self.mounts[m].state_dir / "filler").unlink()
+            self.unsynced.add(m)
+        else:
+            if not self.sync:
+                for i in sorted(self.fault_saved & self.unsynced):
+                    self.pending_during_outage(i, kind)
+            self.note(f"store fault ends ({kind})")
+            self.faults.end()
+        candidates, self.candidates = self.candidates, []
         if self.sync:
-            candidates, self.candidates = self.candidates, []
             self.converge(None, candidates)
         else:
-            self.sync_all()
+            self.sync_all(candidates)
 
     def pending_during_outage(self, i: int, kind: str) -> None:
         root = str(self.mounts[i].path)
