@@ -24,8 +24,8 @@ mount shows (listing + content of every file) must be a state the model allows:
   every node converges; a sync step may fail with EIO and then either happened or did
   not -- never half -- and after the outage every node converges to one of those states.
 
-Knobs (environment): CKPTFS_MODEL_EXAMPLES (per durability, default 3),
-CKPTFS_MODEL_STEPS (per example, default 10), CKPTFS_MODEL_SEED (default: derandomized,
+Knobs (environment): CKPTFS_MODEL_EXAMPLES (per durability, default 4),
+CKPTFS_MODEL_STEPS (per example, default 12), CKPTFS_MODEL_SEED (default: derandomized,
 so CI is reproducible), CKPTFS_MODEL_STORES (local,s3; default local),
 CKPTFS_MODEL_DURABILITY (sync,async), CKPTFS_MODEL_TTL (metadata TTL, default 0.25 s),
 CKPTFS_MODEL_STORE_TIMEOUT (the daemons' store_timeout, default 5 s: a step in an
@@ -65,8 +65,8 @@ from model_support import (PIECE, BgWriter, Model, Observation, describe, digest
 # Taken out of the environment: the daemons this test starts inherit it, and ckptfs
 # refuses unknown CKPTFS_* settings.
 _KNOBS = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("CKPTFS_MODEL_")}
-EXAMPLES = int(_KNOBS.get("CKPTFS_MODEL_EXAMPLES", "3"))
-STEPS = int(_KNOBS.get("CKPTFS_MODEL_STEPS", "10"))
+EXAMPLES = int(_KNOBS.get("CKPTFS_MODEL_EXAMPLES", "4"))
+STEPS = int(_KNOBS.get("CKPTFS_MODEL_STEPS", "12"))
 SEED = _KNOBS.get("CKPTFS_MODEL_SEED")
 STORES = _KNOBS.get("CKPTFS_MODEL_STORES", "local").split(",")
 DURABILITIES = _KNOBS.get("CKPTFS_MODEL_DURABILITY", "sync,async").split(",")
