@@ -943,12 +943,12 @@ class ModelMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules: one node racing itself
 
     @precondition(lambda self: self.model.file_paths() and "self-race" not in SKIP)
-    @rule(data=st.data(), m=st.integers(0, 1), rounds=st.integers(1, 4),
+    @rule(data=st.data(), m=st.integers(0, 1), rounds=st.integers(1, 6),
           sticky=st.booleans())
     def self_race(self, data, m, rounds, sticky):
         """One node, fast: create a fresh target, chmod/lchown it, rename a file over it,
-        rename it back -- ``rounds`` times; after each rename lstat of the new name is
-        the moved inode and the old name is gone.  ``sticky``: in a sticky directory."""
+        rename it back -- ``rounds`` times; after each rename lchown of the new name
+        works, lstat of it is the moved inode and the old name is gone.  ``sticky``: in a sticky directory."""
         if not self.before_step(m):
             return
         src = self.pick(data, self.movable(m, self.model.file_paths()), "src")
@@ -973,6 +973,11 @@ class ModelMachine(RuleBasedStateMachine):
             os.lchown(b, os.getuid(), os.getgid())
             for old, new, x, y in ((a, b, src, dst), (b, a, dst, src)):
                 os.rename(old, new)
+                try:
+                    os.lchown(new, os.getuid(), os.getgid())
+                except OSError as exc:
+                    self.fail(f"round {n + 1}: lchown of {y} right after rename {x} -> {y} "
+                              f"on {'AB'[m]}: {exc}")
                 got = os.lstat(new).st_ino
                 if got != ino:
                     self.fail(f"round {n + 1}: after rename {x} -> {y} on {'AB'[m]}, "
