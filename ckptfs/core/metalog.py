@@ -35,6 +35,10 @@ class MetaLogApply:
             await self._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":
             await self._exec_seal(seq, record)
+        elif kind == "put":
+            await self._exec_put(record)
+        elif kind == "attrs":
+            await self._exec_attrs(record)
         else:
             raise OpDropped(f"unknown record kind {kind!r}")
 
@@ -160,6 +164,43 @@ class MetaLogApply:
         self._drop_rt(ino)
         if seals:
             self._sealed(inode)
+
+    async def _exec_put(self, record: dict) -> None:
+        """The entry of a name made here with no data (symlink, special file), under the
+        name it had when it was made: later records of the log move it from there."""
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.maybe_get(ino)
+            if inode is None or not inode.parent or inode.published:
+                pass    # removed here before it reached the store: nothing to write
+            elif inode.link_id:
+                await self._put_entry(inode)    # its shared object and every name
+            else:
+                etag = await self._store(self.store.put, key,
+                                         self._entry_of(inode).to_json())
+                inode.published, inode.remote_etag = True, etag
+                self.ns.save(inode)
+        self._drop_rt(ino)
+
+    async def _exec_attrs(self, record: dict) -> None:
+        """A published entry's attributes (chmod, chown, utimens, xattrs), rewritten
+        under the name the store has for it at this point of the log."""
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.maybe_get(ino)
+            if inode is not None and inode.parent and inode.published \
+                    and not inode.link_id:
+                try:
+                    await self._rewrite_entry(inode, key)
+                except FsError as exc:
+                    if exc.errno != errno.ENOENT:
+                        raise
+                    # Another node renamed or removed it first: its attributes go with
+                    # the next publish of this node's version, if there is one.
+                    log.info("attributes of %s not rewritten: %s", key, exc.reason)
+        self._drop_rt(ino)
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
         started = time.monotonic()

@@ -285,6 +285,9 @@ class Publish:
             if inode.ver != ver:
                 log.debug("inode %d closed again while uploading; publishing again", ino)
                 return False
+            if not self._publish_ready(ino):
+                # Renamed while uploading (async): the store moves it first.
+                return False
             previous = inode.chunks
             inode.chunks = chunks
             try:

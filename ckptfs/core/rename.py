@@ -115,7 +115,14 @@ class Rename:
             self._mark_parent_changed(old_dir)
             if new_parent != old_parent:
                 self._mark_parent_changed(self.ns.get(new_parent))
-            self.oplog.add(record, dirs=[old_parent, new_parent])
+            seq = self.oplog.add(record, dirs=[old_parent, new_parent])
+            if inode.ino in self.queue.queued:
+                # Its pending publish writes the entry under the name it has then: not
+                # before the store has moved it there (a publish under the new name
+                # first would leave the move no source, or move an older version over
+                # the newer one).
+                self._publish_epoch[inode.ino] = seq
+                self.ns.publish_pending_add(inode.ino, seq)
         for ino in inos + [inode.ino]:
             self._drop_rt(ino)
         await self._sync_journal()
