@@ -148,11 +148,13 @@ class MetaLogApply:
                 if exc.errno != errno.ENOENT:
                     raise
                 # Not in the store under its old name.  Never published there: its own
-                # publish writes the new name, over the entry it replaced.  Published,
-                # so another node moved or removed it first: this rename lost the race
-                # (as if it had come second), and the entry it would have replaced stays.
+                # publish writes the new name (a file with no closed version yet holds
+                # the entry it replaced instead: ``replaced`` is None, rename.py).
+                # Published, so another node moved or removed it first: this rename lost
+                # the race (as if it had come second), and the entry it would have
+                # replaced stays.
                 seals = False
-                if inode.dirty or ino in self.queue.queued:
+                if inode.dirty or ino in self.queue.queued or not inode.published:
                     log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
                     await self._delete_if_same(new_key, replaced)
                 else:

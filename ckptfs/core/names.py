@@ -264,6 +264,10 @@ class Names:
                 await self._store(self.store.delete, entry_key(parent.dir_id, name))
                 if inode.link_id:
                     await self._change_nlink(inode, -1)
+            elif self._deferred():
+                self._release_held(inode, parent, name)
+            else:
+                await self._delete_held(inode, parent, name)
             self._touch_dir(parent.ino)
             self.ns.unlink(inode, parent_ino, name)
             self._mark_parent_changed(parent)

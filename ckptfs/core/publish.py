@@ -218,6 +218,9 @@ class Publish:
             for parent, name in inode.names:   # every name: it never had a closed version
                 self._touch_dir(parent)
                 self._stale_entries.append((parent, name))
+            # An entry it held in the store (renamed over a published file) stays: the
+            # next listing shows the previous version under that name again.
+            inode.held = []
             self.ns.unlink(inode, all_names=True)
         self.invalidate(inode.ino)
 
@@ -297,6 +300,7 @@ class Publish:
                 self.uploader.stats.publish_failures += 1
                 raise
             inode.dirty = False
+            inode.held = []      # its entry overwrote the one its name held
             rt.trackers.pop(ver, None)
             inode.local_copy = self.staging.exists(ino, ver)
             if inode.local_copy and rt.session is None:
