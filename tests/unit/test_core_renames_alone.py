@@ -181,3 +181,34 @@ async def test_a_publish_of_a_renamed_file_waits_for_its_move(core):
     r = await fs.open((await fs.lookup(b.ino, b"y")).ino, os.O_RDONLY, core.me())
     assert await fs.read(r.fh, 0, 1000) == b"new" * 100
     await fs.release(r.fh)
+
+
+@pytest.mark.parametrize("core_config", [{"durability": d, "chunk_size": CS}
+                                         for d in ("sync", "async")])
+@pytest.mark.parametrize("then", ["close", "move away", "unlink"])
+async def test_a_new_file_renamed_over_a_published_one_before_its_close(core, then):
+    """The target's entry stays until the new file's closed version lands; if the name
+    moves away or goes first, the store follows this node: nothing comes back."""
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"t", b"old")
+    await fs.wait_idle()
+    h, inode = await fs.create(ROOT_INO, b"n", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
+                               core.me())
+    await fs.write(h.fh, 0, b"new")
+    await fs.rename(ROOT_INO, b"n", ROOT_INO, b"t", 0)
+    await fs.wait_idle()
+    assert store_view(store, "root") == {b"t": ("file", 0, b"old")}
+    want = {b"t": ("file", 0, b"new")}
+    if then == "move away":
+        await fs.rename(ROOT_INO, b"t", ROOT_INO, b"elsewhere", 0)
+        want = {b"elsewhere": ("file", 0, b"new")}
+    elif then == "unlink":
+        await fs.unlink(ROOT_INO, b"t")
+        want = {}
+    await fs.flush(h.fh)
+    await fs.release(h.fh)
+    with trio.fail_after(30):
+        await fs.wait_idle()
+    assert store_view(store, "root") == want
+    await trio.sleep(fs.config.metadata_ttl + 0.1)
+    assert sorted(name for name, _ in await fs.listdir(ROOT_INO)) == sorted(want)
