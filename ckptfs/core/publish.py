@@ -285,11 +285,10 @@ class Publish:
             if inode is None or not inode.parent or not inode.dirty:
                 rt.trackers.clear()
                 return True
-            if inode.ver != ver:
-                log.debug("inode %d closed again while uploading; publishing again", ino)
-                return False
-            if not self._publish_ready(ino):
-                # Renamed while uploading (async): the store moves it first.
+            if inode.ver != ver or not self._publish_ready(ino):
+                # Closed again while uploading; or renamed (async: the log moves the
+                # entry first, then this publishes again under the new name).
+                log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
             previous = inode.chunks
             inode.chunks = chunks
@@ -299,8 +298,7 @@ class Publish:
                 inode.chunks = previous
                 self.uploader.stats.publish_failures += 1
                 raise
-            inode.dirty = False
-            inode.held = []      # its entry overwrote the one its name held
+            inode.dirty, inode.held = False, []   # (its entry overwrote a held one)
             rt.trackers.pop(ver, None)
             inode.local_copy = self.staging.exists(ino, ver)
             if inode.local_copy and rt.session is None:
