@@ -81,6 +81,11 @@ class Inode:
     remote_nlink: int = 0
     links_pending: bool = False     # link entries not yet written (first publish does)
     sealed_at: float | None = None  # directories: wall time of the seal (retention)
+    # A file with no closed version yet, renamed over a published name: that name's
+    # entry stays in the store until this file's closed version lands there (its
+    # publish overwrites it) or the name is removed here; a killed writer leaves it.
+    # [directory id, name (hex), identity of the entry].
+    held: list[list[str]] = field(default_factory=list)
 
     @property
     def st_mode(self) -> int:
