@@ -8,8 +8,8 @@ import time
 
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
-from ..remote import (XATTR_TOTAL_MAX,
+from ..meta.namespace import ROOT_INO, Inode
+from ..format.remote import (XATTR_TOTAL_MAX,
                      BadEntry, check_xattr_name, xattrs_size)
 
 log = logging.getLogger(__name__)

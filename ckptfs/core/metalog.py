@@ -10,9 +10,9 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
-from ..oplog import Blocked, OpDropped
-from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
+from ..meta.namespace import Inode
+from ..meta.oplog import Blocked, OpDropped
+from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import uuid
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import Opener
-from ..remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
+from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      entry_key)
 from ..store import NotFound, StoreError
 from .state import (Handle)

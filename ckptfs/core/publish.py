@@ -11,9 +11,9 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import holds_for_writing
-from ..upload import chunk_list, drop_staged_pages
+from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from .state import (Handle, Runtime, Session)
 

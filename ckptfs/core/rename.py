@@ -12,8 +12,8 @@ from contextlib import AsyncExitStack
 import trio
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
-from ..remote import (Entry, entry_key)
+from ..meta.namespace import ROOT_INO, Inode
+from ..format.remote import (Entry, entry_key)
 from ..store import PreconditionFailed
 from .state import (RENAME_EXCHANGE, RENAME_NOREPLACE)
 from .names import check_name_or_raise

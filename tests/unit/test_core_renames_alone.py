@@ -17,8 +17,8 @@ import pytest
 import trio
 
 from ckptfs.errors import FsError
-from ckptfs.namespace import ROOT_INO
-from ckptfs.remote import Entry, chunk_key, dir_prefix, decode_name
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.format.remote import Entry, chunk_key, dir_prefix, decode_name
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10
