@@ -2,7 +2,7 @@
 
 Training scripts use ``ckptfs.wait``, ``ckptfs.state`` and ``ckptfs.commit`` (api.py)."""
 
-from .api import CommitResult, NotMounted, commit, state, wait
+from .cli.api import CommitResult, NotMounted, commit, state, wait
 
 __version__ = "0.1.0"
 __all__ = ["CommitResult", "NotMounted", "commit", "state", "wait"]

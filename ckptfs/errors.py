@@ -26,7 +26,7 @@ class FsError(Exception):
 
 def errno_of(exc: BaseException) -> int:
     """The errno a FUSE caller should see for an exception raised below the FUSE layer."""
-    from .remote import BadEntry
+    from .format.remote import BadEntry
     from .store import StoreError
 
     if isinstance(exc, FsError):

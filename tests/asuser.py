@@ -28,15 +28,15 @@ from collections.abc import Callable
 
 # What ckptfs's client side imports lazily (cli.py, api.py): imported by root, before
 # the fork, so that the user never needs the files.
-PRELOAD = ("ckptfs", "ckptfs.api", "ckptfs.cli", "ckptfs.config", "ckptfs.display",
-           "ckptfs.fstab", "ckptfs.bench", "ckptfs.metrics", "ckptfs.formats",
-           "ckptfs.retention", "argparse", "json", "socket", "struct", "errno")
+PRELOAD = ("ckptfs", "ckptfs.cli.api", "ckptfs.cli.commands", "ckptfs.node.config", "ckptfs.cli.display",
+           "ckptfs.node.fstab", "ckptfs.bench.runner", "ckptfs.node.metrics", "ckptfs.format.checkpoints",
+           "ckptfs.cluster.retention", "argparse", "json", "socket", "struct", "errno")
 
 
 def preload(extra: tuple[str, ...] = ()) -> None:
     for name in (*PRELOAD, *extra):
         importlib.import_module(name)
-    from ckptfs.cli import build_parser
+    from ckptfs.cli.commands import build_parser
     build_parser()
 
 
@@ -110,5 +110,5 @@ def run_as(user: str, fn: Callable[..., object], *args: object, env: dict | None
 
 def ckptfs_as(user: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``ckptfs ARGV...`` as ``user``: the CLI's ``main`` in the forked child."""
-    from ckptfs.cli import main
+    from ckptfs.cli.commands import main
     return run_as(user, main, list(argv), timeout=timeout)

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from ckptfs.cache import ChunkCache
+from ckptfs.data.cache import ChunkCache
 from ckptfs.core import Config, Filesystem
-from ckptfs.namespace import Namespace
+from ckptfs.meta.namespace import Namespace
 from ckptfs.procstat import Opener
-from ckptfs.seaweed import SeaweedServer
-from ckptfs.staging import Staging
+from ckptfs.bench.seaweed import SeaweedServer
+from ckptfs.data.staging import Staging
 from ckptfs.store import MemoryStore
 from proxy import FaultProxy
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from ckptfs.bench import Bench, ckptfs_cli, cpu_seconds, daemon_status, write_tree
+from ckptfs.bench.runner import Bench, ckptfs_cli, cpu_seconds, daemon_status, write_tree
 
 MiB = 1 << 20
 

@@ -14,7 +14,7 @@ import shutil
 import time
 
 from blocked_window import measure
-from ckptfs.bench import Bench, daemon_status, write_tree
+from ckptfs.bench.runner import Bench, daemon_status, write_tree
 
 MiB = 1 << 20
 

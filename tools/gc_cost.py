@@ -11,10 +11,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckptfs.gc import collect
-from ckptfs.liveness import ChunkLiveness, GuardedStore
-from ckptfs.upload import ChunkUploader
-from ckptfs.remote import Entry, entry_key
+from ckptfs.cluster.gc import collect
+from ckptfs.data.liveness import ChunkLiveness, GuardedStore
+from ckptfs.data.upload import ChunkUploader
+from ckptfs.format.remote import Entry, entry_key
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 
 CHUNK = 64 << 10   # small bodies: only request counts matter here

@@ -4,7 +4,7 @@
         [--big-files 4] [--big-size 256] [--rate 250] [--native]
 
 Starts a private SeaweedFS, mounts ckptfs through the CLI, attaches ``py-spy record``
-to the daemon, writes the bench workload (``ckptfs.bench.write_tree``) and waits until it
+to the daemon, writes the bench workload (``ckptfs.bench.runner.write_tree``) and waits until it
 is durable; then mounts a fresh reader and cold-reads it, under a second recording.
 Prints, per path, the daemon's CPU seconds per GiB (``/proc/<pid>/stat``) and where the
 sampled time goes: by leaf frame (self) and by named cost (inclusive), scaled to seconds
@@ -25,21 +25,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckptfs.bench import GiB, MiB, Workload, cpu_split, read_tree, write_tree
-from ckptfs.seaweed import SeaweedServer
+from ckptfs.bench.runner import GiB, MiB, Workload, cpu_split, read_tree, write_tree
+from ckptfs.bench.seaweed import SeaweedServer
 
 # Named costs: a sample counts toward a name if any frame of its stack matches.
 COSTS = {
     "FUSE write handler (core write)": ("write (ckptfs/core/write.py",),
     "FUSE read handler (core read)": ("read (ckptfs/core/read.py",),
     "staging pwrite": ("pwrite",),
-    "upload worker (read back, hash, PUT)": ("_upload_from (ckptfs/upload.py",),
+    "upload worker (read back, hash, PUT)": ("_upload_from (ckptfs/data/upload.py",),
     "sha256": ("sha256", "hashlib", "sha256_block", "SHA256"),
     "direct S3 client (s3_http)": ("ckptfs/store/s3_http.py",),
     "botocore request (signing, HTTP)": ("botocore",),
     "urllib3/http.client send/recv": ("urllib3", "http/client.py", "socket.py"),
-    "cache fetch (GET+verify+write)": ("_fetch_sync (ckptfs/cache.py",),
-    "cache pread (serve read)": ("pread (ckptfs/cache.py",),
+    "cache fetch (GET+verify+write)": ("_fetch_sync (ckptfs/data/cache.py",),
+    "cache pread (serve read)": ("pread (ckptfs/data/cache.py",),
     "pyfuse3 loop (request dispatch)": ("pyfuse3",),
     "trio scheduler": ("trio/_core",),
     "trio to_thread": ("to_thread_run_sync", "trio/_threads.py"),

@@ -17,7 +17,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from ckptfs.seaweed import SeaweedServer
+from ckptfs.bench.seaweed import SeaweedServer
 
 MiB = 1 << 20
 

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckptfs.bench import block
-from ckptfs.seaweed import SeaweedServer
+from ckptfs.bench.runner import block
+from ckptfs.bench.seaweed import SeaweedServer
 
 
 def main() -> None:

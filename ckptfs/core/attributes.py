@@ -8,8 +8,8 @@ import time
 
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
-from ..remote import (XATTR_TOTAL_MAX,
+from ..meta.namespace import ROOT_INO, Inode
+from ..format.remote import (XATTR_TOTAL_MAX,
                      BadEntry, check_xattr_name, xattrs_size)
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,10 @@ class Attributes:
                 or mtime_ns is not None
             if metadata and inode.published and not inode.dirty and inode.parent \
                     and ino != ROOT_INO:
-                await self._rewrite_entry(inode)
+                await self._publish_attributes(inode)
         self._drop_rt(ino)
+        if self._deferred():
+            await self._sync_journal()
         inode = self.ns.get(ino)
         if inode.dirty and self.config.durability == "sync" and rt.session is None \
                 and ino not in self.queue.queued:
@@ -101,13 +103,28 @@ class Attributes:
             self.ns.save(inode)
             if inode.published and not inode.dirty and inode.parent:
                 try:
-                    await self._rewrite_entry(inode)
+                    await self._publish_attributes(inode)
                 except BaseException:
                     inode = self.ns.get(ino)
                     inode.xattrs = before
                     self.ns.save(inode)
                     raise
         self._drop_rt(ino)
+        if self._deferred():
+            await self._sync_journal()
+
+    async def _publish_attributes(self, inode: Inode) -> None:
+        """A published entry's new attributes reach the store: at once in sync mode; in
+        async mode as a record of the metadata log (``_exec_attrs``), so they land under
+        the name the store has for the inode at that point of the log, never under a
+        name a pending rename has not moved it to yet.  A hard-linked inode's content
+        lives in its shared object, whatever its names: rewritten at once."""
+        if not self._deferred() or inode.link_id:
+            await self._rewrite_entry(inode)
+            return
+        parent = self.ns.get(inode.parent)
+        self.oplog.add({"kind": "attrs", "ino": inode.ino, "parent_id": parent.dir_id,
+                        "name": inode.name.hex()}, dirs=[parent.ino])
 
     async def _set_size(self, inode: Inode, size: int) -> None:
         """truncate/ftruncate: inside an open write session it changes the working

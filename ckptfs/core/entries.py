@@ -15,10 +15,10 @@ import uuid
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
-from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key)
+from ..meta.namespace import Inode
+from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key)
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
-from ..store_health import outage_cause
+from ..store.health import outage_cause
 
 log = logging.getLogger(__name__)
 

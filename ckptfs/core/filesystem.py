@@ -18,17 +18,17 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from ..errors import FsError
-from ..leases import LeaseManager
-from ..namespace import Inode, Namespace
-from ..oplog import MetaLog
+from ..cluster.leases import LeaseManager
+from ..meta.namespace import Inode, Namespace
+from ..meta.oplog import MetaLog
 from ..procstat import Opener, died_unclean
-from ..liveness import ChunkLiveness, GuardedStore
-from ..publish_queue import PublishQueue
-from ..upload import ChunkUploader, UploadGate
-from ..cache import ChunkCache
-from ..store_health import StoreHealth
-from ..staging import Staging
-from ..remote import FORMAT_KEY
+from ..data.liveness import ChunkLiveness, GuardedStore
+from ..data.publish_queue import PublishQueue
+from ..data.upload import ChunkUploader, UploadGate
+from ..data.cache import ChunkCache
+from ..store.health import StoreHealth
+from ..data.staging import Staging
+from ..format.remote import FORMAT_KEY
 from ..store import ObjectStore, StoreError
 from .state import (MAX_STAGED_FRACTION, Config, DirMarks,
                     Handle, Runtime)

@@ -10,9 +10,9 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
-from ..oplog import Blocked, OpDropped
-from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
+from ..meta.namespace import Inode
+from ..meta.oplog import Blocked, OpDropped
+from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ class MetaLogApply:
             await self._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":
             await self._exec_seal(seq, record)
+        elif kind == "put":
+            await self._exec_put(record)
+        elif kind == "attrs":
+            await self._exec_attrs(record)
         else:
             raise Blocked(f"unknown record kind {kind!r} (written by a newer ckptfs?)")
 
@@ -169,11 +173,13 @@ class MetaLogApply:
                 if exc.errno != errno.ENOENT:
                     raise
                 # Not in the store under its old name.  Never published there: its own
-                # publish writes the new name, over the entry it replaced.  Published,
-                # so another node moved or removed it first: this rename lost the race
-                # (as if it had come second), and the entry it would have replaced stays.
+                # publish writes the new name (a file with no closed version yet holds
+                # the entry it replaced instead: ``replaced`` is None, rename.py).
+                # Published, so another node moved or removed it first: this rename lost
+                # the race (as if it had come second), and the entry it would have
+                # replaced stays.
                 seals = False
-                if inode.dirty or ino in self.queue.queued:
+                if inode.dirty or ino in self.queue.queued or not inode.published:
                     log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
                     await self._delete_if_same(new_key, replaced)
                 else:
@@ -185,6 +191,43 @@ class MetaLogApply:
         self._drop_rt(ino)
         if seals:
             self._sealed(inode)
+
+    async def _exec_put(self, record: dict) -> None:
+        """The entry of a name made here with no data (symlink, special file), under the
+        name it had when it was made: later records of the log move it from there."""
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.maybe_get(ino)
+            if inode is None or not inode.parent or inode.published:
+                pass    # removed here before it reached the store: nothing to write
+            elif inode.link_id:
+                await self._put_entry(inode)    # its shared object and every name
+            else:
+                etag = await self._store(self.store.put, key,
+                                         self._entry_of(inode).to_json())
+                inode.published, inode.remote_etag = True, etag
+                self.ns.save(inode)
+        self._drop_rt(ino)
+
+    async def _exec_attrs(self, record: dict) -> None:
+        """A published entry's attributes (chmod, chown, utimens, xattrs), rewritten
+        under the name the store has for it at this point of the log."""
+        ino = record["ino"]
+        key = self._logged_key(record)
+        async with self._rt(ino).lock:
+            inode = self.ns.maybe_get(ino)
+            if inode is not None and inode.parent and inode.published \
+                    and not inode.link_id:
+                try:
+                    await self._rewrite_entry(inode, key)
+                except FsError as exc:
+                    if exc.errno != errno.ENOENT:
+                        raise
+                    # Another node renamed or removed it first: its attributes go with
+                    # the next publish of this node's version, if there is one.
+                    log.info("attributes of %s not rewritten: %s", key, exc.reason)
+        self._drop_rt(ino)
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
         started = time.monotonic()

@@ -14,9 +14,9 @@ import uuid
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import Opener
-from ..remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
+from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      entry_key)
 from ..store import NotFound, StoreError
 from .state import (Handle)
@@ -190,7 +190,17 @@ class Names:
 
     async def _publish_new_name(self, inode: Inode, parent: int) -> Inode:
         """Put the entry of a name that has no data (symlink, special file, empty file):
-        if the store refuses, the name goes again."""
+        if the store refuses, the name goes again.  Async mode: the name is here at
+        once and its entry is a record of the metadata log (``_exec_put``), after the
+        records before it (a rename over the same name still pending must not land
+        after it and overwrite it)."""
+        if self._deferred():
+            parent_inode = self.ns.get(parent)
+            self.oplog.add({"kind": "put", "ino": inode.ino, "parent_id": parent_inode.dir_id,
+                            "name": inode.name.hex()}, dirs=[parent])
+            self._mark_parent_changed(parent_inode)
+            await self._sync_journal()
+            return inode
         try:
             await self._put_entry(inode)
         except BaseException:
@@ -298,6 +308,10 @@ class Names:
                 await self._store(self.store.delete, entry_key(parent.dir_id, name))
                 if inode.link_id:
                     await self._change_nlink(inode, -1)
+            elif self._deferred():
+                self._release_held(inode, parent, name)
+            else:
+                await self._delete_held(inode, parent, name)
             self._touch_dir(parent.ino)
             self.ns.unlink(inode, parent_ino, name)
             self._mark_parent_changed(parent)

@@ -11,9 +11,9 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import holds_for_writing
-from ..upload import chunk_list, drop_staged_pages
+from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from .state import (Handle, Runtime, Session)
 
@@ -225,6 +225,9 @@ class Publish:
             for parent, name in inode.names:   # every name: it never had a closed version
                 self._touch_dir(parent)
                 self._stale_entries.append((parent, name))
+            # An entry it held in the store (renamed over a published file) stays: the
+            # next listing shows the previous version under that name again.
+            inode.held = []
             self.ns.unlink(inode, all_names=True)
         self.invalidate(inode.ino)
 
@@ -289,8 +292,10 @@ class Publish:
             if inode is None or not inode.parent or not inode.dirty:
                 rt.trackers.clear()
                 return True
-            if inode.ver != ver:
-                log.debug("inode %d closed again while uploading; publishing again", ino)
+            if inode.ver != ver or not self._publish_ready(ino):
+                # Closed again while uploading; or renamed (async: the log moves the
+                # entry first, then this publishes again under the new name).
+                log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
             previous = inode.chunks
             inode.chunks = chunks
@@ -300,7 +305,7 @@ class Publish:
                 inode.chunks = previous
                 self.uploader.stats.publish_failures += 1
                 raise
-            inode.dirty = False
+            inode.dirty, inode.held = False, []   # (its entry overwrote a held one)
             rt.trackers.pop(ver, None)
             inode.local_copy = self.staging.exists(ino, ver)
             if inode.local_copy and rt.session is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import trio
 
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from .state import (Handle)
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
-from ..remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, entry_key, inode_key)
+from ..meta.namespace import ROOT_INO, Inode
+from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, entry_key, inode_key)
 from ..store import NotFound
 
 log = logging.getLogger(__name__)

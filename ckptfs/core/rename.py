@@ -12,8 +12,8 @@ from contextlib import AsyncExitStack
 import trio
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
-from ..remote import (Entry, entry_key)
+from ..meta.namespace import ROOT_INO, Inode
+from ..format.remote import (Entry, entry_key)
 from ..store import PreconditionFailed
 from .state import (RENAME_EXCHANGE, RENAME_NOREPLACE)
 from .names import check_name_or_raise
@@ -101,10 +101,13 @@ class Rename:
                       "to_name": new_name.hex(), "type": inode.type,
                       "seals": inode.type == "dir" and inode.staged,
                       **self._identity(inode), "replaced": None}
+            self._release_held(inode, old_dir, old_name)
             target_ino = self.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.ns.get(target_ino)
-                if replaced.published:
+                if replaced.published and self._never_closed(inode):
+                    self._hold(inode, new_dir, new_name, replaced)
+                elif replaced.published:
                     record["replaced"] = self._identity(replaced)
                 self.ns.unlink(replaced, new_parent, new_name)
                 if not replaced.parent and not self._is_open(replaced.ino):
@@ -115,12 +118,59 @@ class Rename:
             self._mark_parent_changed(old_dir)
             if new_parent != old_parent:
                 self._mark_parent_changed(self.ns.get(new_parent))
-            self.oplog.add(record, dirs=[old_parent, new_parent])
+            seq = self.oplog.add(record, dirs=[old_parent, new_parent])
+            if inode.ino in self.queue.queued:
+                # Its pending publish writes the entry under the name it has then: not
+                # before the store has moved it there (a publish under the new name
+                # first would leave the move no source, or move an older version over
+                # the newer one).
+                self._publish_epoch[inode.ino] = seq
+                self.ns.publish_pending_add(inode.ino, seq)
         for ino in inos + [inode.ino]:
             self._drop_rt(ino)
         await self._sync_journal()
         if inode.type == "file" and not self._writers(inode.ino):
             self._seals_after_close(inode, wait=False)
+
+    # ------------------------------------------------------------------ held entries
+
+    def _never_closed(self, inode: Inode) -> bool:
+        """A file being written that has no closed version anywhere yet."""
+        return inode.type == "file" and not inode.published and not inode.dirty \
+            and inode.ino not in self.queue.queued
+
+    def _hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
+        """Renamed over ``replaced`` with no closed version: the store keeps the
+        replaced entry under that name until this file's closed version lands there
+        (DESIGN.md promise 2: a name changes only when a closed version lands)."""
+        inode.held = [h for h in inode.held if h[:2] != [new_dir.dir_id, new_name.hex()]]
+        inode.held.append([new_dir.dir_id, new_name.hex(),
+                           self._identity(replaced)["ident"]])
+        self.ns.save(inode)
+
+    def _take_held(self, inode: Inode, parent: Inode, name: bytes) -> str | None:
+        """The identity of the entry ``inode`` holds under ``parent/name`` (forgotten
+        here), or None."""
+        for held in inode.held:
+            if self.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
+                inode.held.remove(held)
+                self.ns.save(inode)
+                return held[2]
+        return None
+
+    def _release_held(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Async: the name moves away or goes before a closed version landed: the entry
+        it held goes too, in log order."""
+        ident = self._take_held(inode, parent, name)
+        if ident is not None:
+            self.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+                            "name": name.hex(), "ident": ident}, dirs=[parent.ino])
+
+    async def _delete_held(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Sync: as ``_release_held``, at once."""
+        ident = self._take_held(inode, parent, name)
+        if ident is not None:
+            await self._delete_if_same(entry_key(parent.dir_id, name), ident)
 
     def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
         if moving.type != "dir":
@@ -230,8 +280,13 @@ class Rename:
                 not target.links_pending
             if inode.published and not inode.links_pending:
                 await self._move_entry(inode, old_key, new_key, seals)
-            elif target_remote:
-                await self._store(self.store.delete, new_key)
+            else:
+                await self._delete_held(inode, old_dir, old[1])
+                if target_remote and self._never_closed(inode) and not target.link_id:
+                    # No closed version yet: the name keeps its entry until one lands.
+                    self._hold(inode, new_dir, new_name, target)
+                elif target_remote:
+                    await self._store(self.store.delete, new_key)
             if target_remote and target.link_id:
                 # The replaced name was one link of a shared inode: count it out.
                 await self._change_nlink(self.ns.get(target.ino), -1)

@@ -11,7 +11,7 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import ROOT_INO, Inode
+from ..meta.namespace import ROOT_INO, Inode
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import Opener
-from ..profiles import Profiles
-from ..upload import ChunkTracker
+from ..format.profiles import Profiles
+from ..data.upload import ChunkTracker
 
 log = logging.getLogger(__name__)
 

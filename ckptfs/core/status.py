@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..namespace import ROOT_INO, Inode
+from ..meta.namespace import ROOT_INO, Inode
 
 log = logging.getLogger(__name__)
 

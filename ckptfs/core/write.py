@@ -11,9 +11,9 @@ import time
 import trio
 
 from ..errors import FsError
-from ..namespace import Inode
+from ..meta.namespace import Inode
 from ..procstat import Opener
-from ..upload import ChunkTracker
+from ..data.upload import ChunkTracker
 from .state import (PAGE_VERSIONS_KEPT, Handle, Runtime, Session)
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, ObjectSt
                    store_cause)
 from .local import LocalStore
 from .memory import Call, Gate, MemoryStore
-from ..retrypolicy import RetryPolicy
+from .retrypolicy import RetryPolicy
 from .retry import CountingStore, RetryingStore, StoreStats, store_policy
 from .s3 import S3Store
 from .url import BadStoreURL, open_store

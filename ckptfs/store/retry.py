@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..retrypolicy import RetryPolicy
+from .retrypolicy import RetryPolicy
 from .base import (ListedObject, NotFound, ObjectStore, PreconditionFailed, StoreClosed,
                    StoreError, StoreTimeout,
                    TransientStoreError)

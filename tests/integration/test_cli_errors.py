@@ -37,7 +37,7 @@ def test_not_a_mount(tmp_path, command):
 
 def test_daemon_gone_and_socket_gone(local_store, make_mount):
     mnt = make_mount(local_store)
-    socket_path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    socket_path = os.getxattr(mnt.path, "user.ckptfs.node.control").decode()
     os.unlink(socket_path)
     for command in COMMANDS[:3]:
         line = one_line_failure(run_ckptfs(*command, str(mnt.path)))

@@ -30,12 +30,12 @@ import pytest
 
 # The child that acts as the user cannot import from root's home once it dropped its
 # credentials: what it runs is imported here, before the fork.
-import ckptfs.api
-import ckptfs.bench
-import ckptfs.config
-import ckptfs.cli
-import ckptfs.display
-import ckptfs.fstab
+import ckptfs.cli.api
+import ckptfs.bench.runner
+import ckptfs.node.config
+import ckptfs.cli.commands
+import ckptfs.cli.display
+import ckptfs.node.fstab
 from conftest import Mount, run_ckptfs
 
 USER = "ckptfs-job"
@@ -159,7 +159,7 @@ def test_prefetch_as_a_user_skips_what_they_cannot_search_or_read(open_base, mou
     before = fetched_bytes(b)
 
     def prefetch() -> int:
-        from ckptfs.cli import main
+        from ckptfs.cli.commands import main
         return main(["prefetch", str(mine)])
 
     status, out, err = run_as(job_user, prefetch)
@@ -271,7 +271,7 @@ def test_a_user_flooding_the_control_socket_cannot_starve_the_daemon(
     # The fd limit a systemd service gets by default: a flood without a cap reaches it.
     resource.prlimit(mnt.pid, resource.RLIMIT_NOFILE, (1024, 1024))
     assert write_and_ls(mnt, "warm.bin").returncode == 0
-    path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    path = os.getxattr(mnt.path, "user.ckptfs.node.control").decode()
     log = mnt.state_dir / "ckptfs.log"
     log_before = log.read_text()
     rss_before, fds_before = rss_kib(mnt.pid), fd_count(mnt.pid)

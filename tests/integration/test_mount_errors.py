@@ -195,7 +195,7 @@ def _enter_namespace(script: str) -> None:
 
 @needs_root_and_unshare
 def test_non_root_mount_without_fusermount3(local_store):
-    from ckptfs.cli import main
+    from ckptfs.cli.commands import main
     fusermount = shutil.which("fusermount3")
     base = Path(tempfile.mkdtemp(prefix="ckptfs-nofusermount-"))
     try:
@@ -212,7 +212,7 @@ def test_non_root_mount_without_fusermount3(local_store):
             script += f"mount --bind /dev/null {os.path.realpath(fusermount)}\n"
         argv = ["mount", str(mountpoint), "--store", f"file://{base}", "--state-dir",
                 str(base / "state"), "--foreground"]
-        proc = run_as("nobody", main, argv, imports=("ckptfs.daemon",),
+        proc = run_as("nobody", main, argv, imports=("ckptfs.node.daemon",),
                       before=lambda: _enter_namespace(script), timeout=60)
         assert proc.returncode != 0, proc.stdout
         assert "Traceback" not in proc.stderr, proc.stderr

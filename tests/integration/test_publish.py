@@ -274,7 +274,7 @@ def test_control_client_that_goes_away_does_not_stop_the_daemon(local_store, mak
                                               "kind": "transient"}]}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
     (mnt.path / "pending").write_bytes(b"x")
-    path = os.getxattr(mnt.path, "user.ckptfs.control").decode()
+    path = os.getxattr(mnt.path, "user.ckptfs.node.control").decode()
     for _ in range(3):
         s = socketlib.socket(socketlib.AF_UNIX)
         s.connect(path)

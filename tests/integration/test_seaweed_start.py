@@ -1,4 +1,4 @@
-"""The test store's own start (ckptfs/seaweed.py): a port picked free and closed before
+"""The test store's own start (ckptfs/bench/seaweed.py): a port picked free and closed before
 weed binds it can be taken meanwhile; weed then exits, and the server starts again on
 other ports instead of failing the whole session."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import socket
 
-import ckptfs.seaweed as seaweed
+import ckptfs.bench.seaweed as seaweed
 
 
 def test_a_port_taken_before_weed_binds_it(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """The bench's verdict on "one download per node": 8 readers of a file fetch what one
 reader fetches, the next file's first chunks (fetched ahead, decision 0015) included."""
 
-from ckptfs.bench import ratios
+from ckptfs.bench.runner import ratios
 
 
 def verdict(one: float, eight: float) -> str:

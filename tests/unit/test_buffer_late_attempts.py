@@ -12,10 +12,10 @@ import threading
 import pytest
 import trio
 
-from ckptfs.buffers import BufferPool
-from ckptfs.liveness import ChunkLiveness
+from ckptfs.data.buffers import BufferPool
+from ckptfs.data.liveness import ChunkLiveness
 from ckptfs.store import LocalStore, RetryingStore, StoreTimeout, store_policy
-from ckptfs.upload import ChunkUploader
+from ckptfs.data.upload import ChunkUploader
 
 MiB = 1 << 20
 

@@ -10,13 +10,13 @@ import os
 
 import trio
 
-from ckptfs.remote import chunk_key
+from ckptfs.format.remote import chunk_key
 import mmap
 import threading
 import time
 
-from ckptfs.buffers import BufferPool
-from ckptfs.cache import ChunkCache, write_file_direct
+from ckptfs.data.buffers import BufferPool
+from ckptfs.data.cache import ChunkCache, write_file_direct
 from ckptfs.errors import FsError
 from ckptfs.store import CountingStore, LocalStore, RetryingStore, StoreStats, store_policy
 

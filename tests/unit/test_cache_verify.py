@@ -11,9 +11,9 @@ import os
 import pytest
 import trio
 
-from ckptfs.cache import ChunkCache
+from ckptfs.data.cache import ChunkCache
 from ckptfs.errors import FsError
-from ckptfs.remote import chunk_key
+from ckptfs.format.remote import chunk_key
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 
 MiB = 1 << 20

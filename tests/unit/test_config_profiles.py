@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ckptfs.config import ConfigError, load
-from ckptfs.profiles import Profiles
+from ckptfs.node.config import ConfigError, load
+from ckptfs.format.profiles import Profiles
 
 
 def test_precedence_file_env_flags(tmp_path):

@@ -13,8 +13,8 @@ import socket
 import pytest
 import trio
 
-from ckptfs.control import ControlServer
-from ckptfs.control_gate import ALL_USERS, FD_SHARE, ROOT_RESERVE, Every, Gate, Limits
+from ckptfs.node.control import ControlServer
+from ckptfs.node.control_gate import ALL_USERS, FD_SHARE, ROOT_RESERVE, Every, Gate, Limits
 
 
 class Clock:
@@ -52,7 +52,7 @@ def test_the_caps_stay_well_below_the_descriptor_limit():
 def test_an_offender_is_named_once_a_minute_with_what_it_did(caplog):
     clock = Clock()
     gate = Gate(Limits(), clock=clock)
-    with caplog.at_level(logging.WARNING, logger="ckptfs.control_gate"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.node.control_gate"):
         for _ in range(5000):
             gate.offence(1000, "connections over the cap")
         gate.offence(1001, "request over 8192 bytes")
@@ -75,7 +75,7 @@ def test_accept_failing_for_want_of_descriptors_is_one_line_a_minute(caplog):
     clock = Clock()
     gate = Gate(Limits(), clock=clock)
     emfile = OSError(24, "Too many open files")
-    with caplog.at_level(logging.WARNING, logger="ckptfs.control_gate"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.node.control_gate"):
         for tick in range(600):          # a minute of retries every 0.1 s
             clock.now = tick / 10
             gate.accept_failed(emfile)

@@ -10,8 +10,8 @@ import os
 import pytest
 import trio
 
-from ckptfs.namespace import ROOT_INO
-from ckptfs.remote import Entry, chunk_key, entry_key
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.format.remote import Entry, chunk_key, entry_key
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10

@@ -1,6 +1,6 @@
 """The human status summary names async mode's journaled metadata and the staging bound."""
 
-from ckptfs.display import status_text
+from ckptfs.cli.display import status_text
 
 
 def test_status_names_journaled_metadata_and_writers_waiting_for_uploads():

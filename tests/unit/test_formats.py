@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 
 from ckptfs import formats
-from ckptfs.formats import FORMATS, check_complete, parse_formats
+from ckptfs.format.checkpoints import FORMATS, check_complete, parse_formats
 
 
 def check(path, size=None, fmts=FORMATS):

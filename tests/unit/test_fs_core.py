@@ -7,10 +7,10 @@ import os
 import trio
 
 from ckptfs.core import Config, Filesystem
-from ckptfs.namespace import ROOT_INO, Namespace
+from ckptfs.meta.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
-from ckptfs.cache import ChunkCache
-from ckptfs.staging import Staging
+from ckptfs.data.cache import ChunkCache
+from ckptfs.data.staging import Staging
 from ckptfs.store import LocalStore
 
 

@@ -11,9 +11,9 @@ import os
 import pytest
 import trio
 
-from ckptfs.namespace import ROOT_INO
+from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.procstat import Opener
-from ckptfs.remote import Entry, chunk_key, entry_key
+from ckptfs.format.remote import Entry, chunk_key, entry_key
 from ckptfs.store import MemoryStore
 
 CS = 64 << 10

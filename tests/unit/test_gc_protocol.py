@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from ckptfs.gc import GcConflict, collect
-from ckptfs.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState,
+from ckptfs.cluster.gc import GcConflict, collect
+from ckptfs.data.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState,
                              GuardedStore)
-from ckptfs.upload import ChunkUploader
-from ckptfs.remote import Entry, chunk_key, entry_key
+from ckptfs.data.upload import ChunkUploader
+from ckptfs.format.remote import Entry, chunk_key, entry_key
 from ckptfs.store import LocalStore, NotFound
 
 SETTLE = 0.3
@@ -308,7 +308,7 @@ def test_concurrent_callers_share_one_gc_state_read_and_its_failure():
     import threading
     import time as _time
 
-    from ckptfs.liveness import ChunkLiveness
+    from ckptfs.data.liveness import ChunkLiveness
     from ckptfs.store import StoreError
 
     class HangingStore:

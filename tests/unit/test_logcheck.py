@@ -5,10 +5,10 @@ import re
 from logcheck import bad_records
 
 LOG = """\
-2026-01-01 10:00:00,001 INFO ckptfs.daemon: mounted file:///s on /m
+2026-01-01 10:00:00,001 INFO ckptfs.node.daemon: mounted file:///s on /m
 2026-01-01 10:00:01,002 WARNING ckptfs.store: store put k failed (x); retry 1 in 0.1s
-2026-01-01 10:00:02,003 ERROR ckptfs.staging: chunk abc from the store failed verification
-2026-01-01 10:00:03,004 ERROR ckptfs.fuse_ops: flush failed unexpectedly
+2026-01-01 10:00:02,003 ERROR ckptfs.data.staging: chunk abc from the store failed verification
+2026-01-01 10:00:03,004 ERROR ckptfs.fuse.ops: flush failed unexpectedly
 Traceback (most recent call last):
   File "x.py", line 1, in f
 OSError: [Errno 36] File name too long

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from ckptfs.errors import FsError
-from ckptfs.namespace import ROOT_INO, Namespace
-from ckptfs.remote import chunk_key
-from ckptfs.cache import ChunkCache
+from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.format.remote import chunk_key
+from ckptfs.data.cache import ChunkCache
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 
 

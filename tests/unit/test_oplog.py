@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import trio
 
-from ckptfs.namespace import Namespace
-from ckptfs.oplog import MetaLog, OpDropped
-from ckptfs.retrypolicy import RetryPolicy
+from ckptfs.meta.namespace import Namespace
+from ckptfs.meta.oplog import MetaLog, OpDropped
+from ckptfs.store.retrypolicy import RetryPolicy
 from ckptfs.store import AccessDenied, BucketMissing, StoreError, TransientStoreError
-from ckptfs.store_health import StoreHealth
+from ckptfs.store.health import StoreHealth
 
 
 def test_records_apply_in_order_and_no_store_error_ever_drops_one(tmp_path):

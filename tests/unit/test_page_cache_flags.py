@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ckptfs.namespace import ROOT_INO as ROOT
+from ckptfs.meta.namespace import ROOT_INO as ROOT
 
 pytestmark = pytest.mark.trio
 

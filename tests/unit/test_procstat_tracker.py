@@ -7,7 +7,7 @@ import sys
 import time
 
 from ckptfs.procstat import Opener, died_unclean, exit_state
-from ckptfs.upload import ChunkTracker
+from ckptfs.data.upload import ChunkTracker
 
 
 def test_live_process_is_not_exiting():

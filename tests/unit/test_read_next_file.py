@@ -11,8 +11,8 @@ import os
 import pytest
 import trio
 
-from ckptfs.namespace import ROOT_INO
-from ckptfs.remote import chunk_key
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.format.remote import chunk_key
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ckptfs.remote import BadEntry, Entry, decode_name, encode_name
+from ckptfs.format.remote import BadEntry, Entry, decode_name, encode_name
 
 SHA = "a" * 64
 
@@ -59,7 +59,7 @@ def test_mode_keeps_permission_bits_only():
 
 def test_entries_with_any_allowed_chunk_size_parse_whatever_this_node_writes():
     """A node with --chunk-size 16M (or 64M) writes entries every node must read."""
-    from ckptfs.remote import MAX_CHUNK_SIZE
+    from ckptfs.format.remote import MAX_CHUNK_SIZE
     for n in (16 << 20, MAX_CHUNK_SIZE):
         e = Entry.from_json(entry(chunks=[[SHA, n], [SHA, 5]], size=n + 5))
         assert e.chunks == [(SHA, n), (SHA, 5)]
@@ -73,7 +73,7 @@ def test_unknown_entry_fields_are_ignored():
 
 
 def test_check_key_fits_counts_escapes():
-    from ckptfs.remote import MAX_KEY_COMPONENT, KeyTooLong, check_key_fits
+    from ckptfs.format.remote import MAX_KEY_COMPONENT, KeyTooLong, check_key_fits
     check_key_fits("root", b"x" * 255)
     check_key_fits("0" * 32, b"%" * 85)                 # 255 bytes once escaped
     check_key_fits("0" * 32, "é".encode() * 127)        # UTF-8 kept as is: 254 bytes

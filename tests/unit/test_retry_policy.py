@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from ckptfs.publish_queue import PublishQueue
-from ckptfs.retrypolicy import RetryPolicy
+from ckptfs.data.publish_queue import PublishQueue
+from ckptfs.store.retrypolicy import RetryPolicy
 from ckptfs.store import (MemoryStore, RetryingStore, StoreError, StoreTimeout, TransientStoreError,
                           store_policy)
 
@@ -135,8 +135,8 @@ def test_a_corrupt_chunk_is_fetched_as_often_as_the_cache_policy_says(tmp_path):
     import hashlib
 
     from ckptfs.errors import FsError
-    from ckptfs.remote import chunk_key
-    from ckptfs.cache import ChunkCache
+    from ckptfs.format.remote import chunk_key
+    from ckptfs.data.cache import ChunkCache
 
     body = b"chunk body"
     sha = hashlib.sha256(body).hexdigest()
@@ -155,8 +155,8 @@ def test_a_corrupt_chunk_is_fetched_as_often_as_the_cache_policy_says(tmp_path):
 
 
 def test_lease_renewals_and_pending_polls_back_off_by_their_policies(tmp_path):
-    from ckptfs.leases import MAX_POLL, LeaseManager
-    from ckptfs.namespace import Namespace
+    from ckptfs.cluster.leases import MAX_POLL, LeaseManager
+    from ckptfs.meta.namespace import Namespace
 
     async def seal(ino: int) -> bool:
         return True
@@ -174,8 +174,8 @@ def test_lease_renewals_and_pending_polls_back_off_by_their_policies(tmp_path):
 
 
 def test_the_metadata_log_retries_a_record_by_its_policy(tmp_path):
-    from ckptfs.namespace import Namespace
-    from ckptfs.oplog import MetaLog
+    from ckptfs.meta.namespace import Namespace
+    from ckptfs.meta.oplog import MetaLog
 
     ns = Namespace(tmp_path / "meta")
     times: list[float] = []

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from ckptfs.cli import build_parser
-from ckptfs.config import SETTINGS, Settings, load
+from ckptfs.cli.commands import build_parser
+from ckptfs.node.config import SETTINGS, Settings, load
 from ckptfs.core import Config
-from ckptfs.fstab import mount_argv
+from ckptfs.node.fstab import mount_argv
 
 # A valid text for each setting (what a user would type), and what it becomes.
 EXAMPLES = {

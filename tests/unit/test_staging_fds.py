@@ -10,7 +10,7 @@ import resource
 import pytest
 
 from ckptfs.errors import FsError
-from ckptfs.staging import DEFAULT_MAX_FDS, Staging
+from ckptfs.data.staging import DEFAULT_MAX_FDS, Staging
 
 
 def open_fds() -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ckptfs.namespace import ROOT_INO, Namespace
-from ckptfs.stale import StaleStagedWatch
+from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.cluster.stale import StaleStagedWatch
 
 S = 1_000_000_000
 
@@ -54,7 +54,7 @@ def test_watch_idle_busy_stale_and_one_report(tmp_path, caplog):
     assert [d.state for _, d in watch.scan()] == ["writing"]
     assert watch.check() == []
     busy.clear()
-    with caplog.at_level(logging.WARNING, logger="ckptfs.stale"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.cluster.stale"):
         assert [d.path for d in watch.check()] == ["/mnt/ckpt/run/global_step5"]
         now[0] += 100
         assert len(watch.check()) == 1

@@ -9,12 +9,12 @@ import os
 import pytest
 import trio
 
-from ckptfs.cache import ChunkCache
+from ckptfs.data.cache import ChunkCache
 from ckptfs.core import Config, Filesystem
 from ckptfs.errors import FsError
-from ckptfs.namespace import ROOT_INO, Namespace
+from ckptfs.meta.namespace import ROOT_INO, Namespace
 from ckptfs.procstat import Opener
-from ckptfs.staging import Staging
+from ckptfs.data.staging import Staging
 from ckptfs.store import LocalStore
 
 

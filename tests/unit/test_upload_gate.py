@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 
-from ckptfs.namespace import ROOT_INO
-from ckptfs.upload import UploadGate
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.data.upload import UploadGate
 
 CS = 64 << 10
 

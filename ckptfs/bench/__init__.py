@@ -1,0 +1,1 @@
+"""The benchmark and its baselines (a bare passthrough daemon, a SeaweedFS launcher)."""

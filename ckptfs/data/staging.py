@@ -1,0 +1,202 @@
+"""Local bytes being written: staging files.
+
+``Staging`` keeps one sparse file per version of an inode under ``staging/``, and moves
+versions nobody will publish to ``abandoned/``.  Descriptors of staging files are cached
+(least recently used first out) up to ``max_fds``, so a job writing 20 000 files does not
+hold 20 000 descriptors.  A cached descriptor is *borrowed*: valid until the caller's
+next ``await`` (another request may evict it); what crosses an await or goes to a worker
+thread is an ``owned_fd`` (a ``dup`` the caller closes), which eviction never touches.
+Running out of descriptors (``EMFILE``/``ENFILE``) gives the idle cached ones back and
+tries once more, else it is an ``FsError`` with that errno.  The chunk cache (fetched
+bytes) is ``cache.py``.  Knows nothing of FUSE, of the store, or of inodes' meaning.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import FsError
+
+log = logging.getLogger(__name__)
+
+# Descriptors of staging files kept open at most (a daemon sizes it from its
+# RLIMIT_NOFILE, ``fd_cap``).
+DEFAULT_MAX_FDS = 256
+OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+
+
+def fd_cap(nofile_soft: int) -> int:
+    """The staging descriptor cap for a process allowed ``nofile_soft`` descriptors: a
+    quarter of them (the rest serve the cache, LMDB, FUSE, sockets and worker threads),
+    at least 8, at most 1024."""
+    return max(8, min(1024, nofile_soft // 4))
+
+
+class Staging:
+    """Sparse staging files, one per *version* of an inode: ``<ino>.<ver>``.
+
+    A write session works on a version of its own, so a closed version is never
+    changed again (it uploads, or serves reads, while the next save writes beside it).
+    Version 0 is the name older state dirs used (``<ino>``).  One descriptor per version
+    is opened on demand and shared by the handles reading or writing it, at most
+    ``max_fds`` of them at a time."""
+
+    def __init__(self, root: Path, abandoned: Path, max_fds: int = DEFAULT_MAX_FDS) -> None:
+        self.root = root
+        self.abandoned = abandoned
+        self.max_fds = max(1, max_fds)
+        root.mkdir(parents=True, exist_ok=True)
+        abandoned.mkdir(parents=True, exist_ok=True)
+        self._fds: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self.evictions = 0
+
+    def path(self, ino: int, ver: int) -> Path:
+        return self.root / (f"{ino}.{ver}" if ver else str(ino))
+
+    @staticmethod
+    def parse_name(name: str) -> tuple[int, int] | None:
+        ino, _, ver = name.partition(".")
+        try:
+            return int(ino), int(ver or 0)
+        except ValueError:
+            return None
+
+    def versions(self) -> list[tuple[int, int]]:
+        """Every (ino, ver) with a staging file on disk."""
+        out = []
+        for entry in os.scandir(self.root):
+            parsed = self.parse_name(entry.name)
+            if parsed is not None:
+                out.append(parsed)
+        return out
+
+    def exists(self, ino: int, ver: int) -> bool:
+        return (ino, ver) in self._fds or self.path(ino, ver).exists()
+
+    def held(self) -> int:
+        """Descriptors of staging files open now (owned ones not counted)."""
+        return len(self._fds)
+
+    def fd(self, ino: int, ver: int, create: bool = False) -> int:
+        """A *borrowed* descriptor of a version: use it before the next ``await``."""
+        key = (ino, ver)
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = self._retrying(lambda: os.open(self.path(ino, ver), flags, 0o600),
+                                f"open staging file {ino}.{ver}")
+        except FileNotFoundError:
+            raise FsError(errno.EIO, f"staging file {ino}.{ver} is missing") from None
+        while len(self._fds) >= self.max_fds:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+            self.evictions += 1
+        self._fds[key] = fd
+        return fd
+
+    @contextmanager
+    def owned_fd(self, ino: int, ver: int) -> Iterator[int]:
+        """A descriptor of a version that is the caller's own (a ``dup``), for use across
+        an ``await`` or in a worker thread; closed when the block ends."""
+        fd = self._retrying(lambda: os.dup(self.fd(ino, ver)),
+                            f"dup staging file {ino}.{ver}", keep=(ino, ver))
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _retrying(self, call: Callable[[], int], what: str,
+                  keep: tuple[int, int] | None = None) -> int:
+        """``call`` (an open or dup); out of descriptors, give the cached ones back (but
+        ``keep``'s) and try once more; still out: ``FsError`` with that errno."""
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno not in OUT_OF_FDS:
+                raise
+        log.warning("%s: out of descriptors; closing %d cached staging descriptors",
+                    what, len(self._fds))
+        for key in list(self._fds):
+            if key != keep:
+                self.close_fd(*key)
+        try:
+            return call()
+        except OSError as exc:
+            if exc.errno not in OUT_OF_FDS:
+                raise
+            raise FsError(exc.errno, f"{what}: {exc.strerror}") from None
+
+    def create_empty(self, ino: int, ver: int) -> int:
+        fd = self.fd(ino, ver, create=True)
+        os.ftruncate(fd, 0)
+        return fd
+
+    def size(self, ino: int, ver: int) -> int:
+        fd = self._fds.get((ino, ver))
+        if fd is not None:
+            return os.fstat(fd).st_size
+        try:
+            return os.stat(self.path(ino, ver)).st_size
+        except FileNotFoundError:
+            raise FsError(errno.EIO, f"staging file {ino}.{ver} is missing") from None
+
+    def copy(self, ino: int, src: int, dst: int) -> None:
+        """Copy version ``src`` into a new version ``dst`` (blocking: run in a thread)."""
+        with open(self.path(ino, src), "rb") as fin, open(self.path(ino, dst), "wb") as fout:
+            remaining = os.fstat(fin.fileno()).st_size
+            while remaining > 0:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(remaining, 1 << 30))
+                if n == 0:
+                    break
+                remaining -= n
+
+    def rename_version(self, ino: int, src: int, dst: int) -> None:
+        self.close_fd(ino, src)
+        os.replace(self.path(ino, src), self.path(ino, dst))
+
+    def close_fd(self, ino: int, ver: int) -> None:
+        fd = self._fds.pop((ino, ver), None)
+        if fd is not None:
+            os.close(fd)
+
+    def remove(self, ino: int, ver: int) -> None:
+        self.close_fd(ino, ver)
+        try:
+            self.path(ino, ver).unlink()
+        except FileNotFoundError:
+            pass
+
+    def abandon(self, ino: int, ver: int) -> Path | None:
+        """Move a staging file aside (kept for ``ckptfs gc``) and forget it."""
+        self.close_fd(ino, ver)
+        src = self.path(ino, ver)
+        if not src.exists():
+            return None
+        dst = self.abandoned / f"{time.time_ns()}-{src.name}"
+        os.replace(src, dst)
+        return dst
+
+    def close_all(self) -> None:
+        for key in list(self._fds):
+            self.close_fd(*key)
+
+
+def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:
+    """Staged bytes of killed writers older than ``cutoff`` (blocking: run in a thread)."""
+    out = []
+    for path in sorted(directory.iterdir()):
+        if path.stat().st_mtime < cutoff:
+            out.append(path.name)
+            if not dry_run:
+                path.unlink()
+    return out

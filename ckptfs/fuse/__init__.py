@@ -1,0 +1,1 @@
+"""The thin pyfuse3 adapter: requests in, errnos out (the one errno boundary)."""

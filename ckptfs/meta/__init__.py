@@ -1,0 +1,1 @@
+"""Node-local metadata in LMDB: the namespace, its transactions, the metadata log."""

@@ -1,0 +1,84 @@
+"""All-or-nothing LMDB writes for the node-local state: nested writes share one
+transaction (``batch``), work promised for after the commit (``after_commit``) runs only
+once the transaction is committed, and a write the state dir cannot hold (its disk
+full, or the LMDB map full) is ``FsError(ENOSPC)`` with nothing changed.  Knows nothing
+of inodes, of the namespace's tables, of files or of the store.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lmdb
+
+from ..errors import FsError
+
+
+class Transactions:
+    """A base for an owner of one LMDB environment (``env``, at ``path``)."""
+
+    env: lmdb.Environment
+    path: Path
+
+    def _init_transactions(self) -> None:
+        self._txn: lmdb.Transaction | None = None     # the open ``batch``, if any
+        self._after_commit: list[Callable[[], None]] = []
+
+    @contextmanager
+    def _write(self) -> Iterator[lmdb.Transaction]:
+        """A write transaction, or the open ``batch``'s."""
+        with self.batch() as txn:
+            yield txn
+
+    @contextmanager
+    def batch(self) -> Iterator[lmdb.Transaction]:
+        """Every write inside is one transaction: all or nothing.  When it fails,
+        ``_rolled_back`` is told (to drop in-memory copies of what it wrote) and the
+        ``after_commit`` calls made inside are not run."""
+        if self._txn is not None:
+            yield self._txn
+            return
+        self._after_commit.clear()
+        try:
+            with self.env.begin(write=True) as txn:
+                self._txn = txn
+                try:
+                    yield txn
+                finally:
+                    self._txn = None
+        except BaseException as exc:
+            self._after_commit.clear()
+            self._rolled_back()
+            if isinstance(exc, lmdb.MapFullError):
+                raise FsError(errno.ENOSPC, f"{self.path}: the LMDB map is full") from None
+            if isinstance(exc, lmdb.Error) and out_of_space(exc):
+                raise FsError(errno.ENOSPC, f"{self.path}: {exc}") from None
+            raise
+        self._committed()
+        calls, self._after_commit = self._after_commit, []
+        for call in calls:
+            call()
+
+    def after_commit(self, call: Callable[[], None]) -> None:
+        """Run ``call`` once the current write is committed (at once outside a batch)."""
+        if self._txn is None:
+            call()
+        else:
+            self._after_commit.append(call)
+
+    def _rolled_back(self) -> None:
+        """A write transaction failed: nothing it wrote is on disk."""
+
+    def _committed(self) -> None:
+        """A write transaction is on disk."""
+
+
+def out_of_space(exc: lmdb.Error) -> bool:
+    """LMDB says a write failed for want of disk space (its errors carry no errno, only
+    the C library's message)."""
+    text = str(exc)
+    return any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT))

@@ -1,0 +1,1 @@
+"""One node's daemon: wiring, the control socket, metrics, fstab, preflight checks, settings."""

@@ -1,0 +1,359 @@
+"""Settings for a mount: defaults, then the TOML file, then ``CKPTFS_*`` variables, then
+command-line flags (DESIGN.md §5).  One table (``SETTINGS``) names each setting once, with
+its type, default, validation and help: the TOML keys, the variables, the ``ckptfs mount``
+flags (``cli``) and the ``Settings`` fields all come from it.  Unknown keys are errors,
+with one line naming them.  Knows nothing of how the settings are used."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field, make_dataclass
+from pathlib import Path
+
+from ..format.remote import MAX_CHUNK_SIZE
+from ..format.profiles import DEFAULT_PROFILES, TEXT, Profile, Profiles
+
+DEFAULT_CONFIG_FILE = Path("/etc/ckptfs/ckptfs.toml")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+DAY = 24 * 3600.0
+
+
+def _finite(value, what: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"not {what}: {value!r}")
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"not {what}: {value!r}") from None
+    if not math.isfinite(n):
+        raise ConfigError(f"must be a finite number: {value!r}")
+    return n
+
+
+def parse_size(value) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        text = str(value).strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+        number = text[:-1] if unit else text
+        size = int(_finite(number, "a size", ) * _UNITS[unit]) if number else -1
+    if size <= 0:
+        raise ConfigError(f"size must be positive: {value!r}")
+    return size
+
+
+def _size_between(low: int, high: int, power_of_two: bool = False):
+    def parse(value) -> int:
+        size = parse_size(value)
+        if not low <= size <= high:
+            raise ConfigError(f"must be at least {_human(low)} and at most {_human(high)}: "
+                              f"{value!r}")
+        if power_of_two and size & (size - 1):
+            raise ConfigError(f"must be a power of two ({_human(low)} to {_human(high)}): "
+                              f"{value!r}")
+        return size
+    return parse
+
+
+def _human(size: int) -> str:
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} bytes"
+
+
+def parse_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"not a boolean: {value!r}")
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"not a boolean: {value!r}")
+
+
+def parse_durability(value) -> str:
+    if value not in ("sync", "async"):
+        raise ConfigError(f"durability must be 'sync' or 'async', not {value!r}")
+    return value
+
+
+def parse_s3_client(value) -> str:
+    if value not in ("direct", "boto3"):
+        raise ConfigError(f"s3_client must be 'direct' or 'boto3', not {value!r}")
+    return value
+
+
+def _count(low: int, high: int):
+    def parse(value) -> int:
+        n = _finite(value, "a whole number")
+        if n != int(n):
+            raise ConfigError(f"not a whole number: {value!r}")
+        if not low <= n <= high:
+            raise ConfigError(f"must be between {low} and {high}: {value!r}")
+        return int(n)
+    return parse
+
+
+def _seconds(low: float, high: float, low_ok: bool = True):
+    def parse(value) -> float:
+        n = _finite(value, "a number of seconds")
+        if n < 0:
+            raise ConfigError(f"must be non-negative: {value!r}")
+        if n < low or (n == low and not low_ok) or n > high:
+            bound = f"at least {low:g}" if low_ok else f"more than {low:g}"
+            days = high / DAY
+            top = f"{days:g} day{'s' if days != 1 else ''}" if high >= DAY else f"{high:g} seconds"
+            raise ConfigError(f"must be {bound} seconds and at most {top}: {value!r}")
+        return n
+    return parse
+
+
+parse_positive_int = _count(1, 1 << 30)
+parse_seconds = _seconds(0.0, 3650 * DAY)
+
+
+def parse_checkpoint_formats(value) -> tuple[str, ...]:
+    """Formats whose structure is checked before a close publishes (formats.FORMATS):
+    a comma list or a TOML array; empty turns the check off."""
+    from ..format.checkpoints import parse_formats
+
+    text = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
+    try:
+        return parse_formats(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_metrics_address(value) -> str:
+    from .metrics import parse_address
+    try:
+        parse_address(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (give HOST:PORT, e.g. 127.0.0.1:9464)") from None
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One mount setting: every place it can be given comes from this row.  The TOML key
+    is ``name``; the variable is ``CKPTFS_<NAME>``; the flag is ``--<name-with-dashes>``
+    (with ``help``; a ``switch`` flag takes no value, a ``choice`` flag one of
+    ``choices``).  ``parse`` turns a value from any source into ``type`` or raises
+    ``ConfigError`` with the reason."""
+
+    name: str
+    type: type
+    default: object
+    parse: Callable[[object], object]
+    help: str | None = None
+    kind: str = "value"              # value | switch | choice
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "CKPTFS_" + self.name.upper()
+
+    @property
+    def toml_key(self) -> str:
+        return self.name
+
+
+def _text(value) -> str:
+    return str(value)
+
+
+# The one table of mount settings (defaults < TOML file < CKPTFS_* < flags).  A new
+# setting is one row here, and a field in the settings' consumer (fs.Config for the
+# filesystem core, whose defaults a test holds to this table).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("store", str | None, None, _text, "file:///path or s3://bucket/prefix"),
+    Setting("endpoint_url", str | None, None, _text,
+            "S3 endpoint (default: AWS variables/config)"),
+    Setting("state_dir", str | None, None, _text,
+            "node-local state (default /var/lib/ckptfs/<mountpoint>)"),
+    Setting("durability", str, "sync", parse_durability, None, "choice", ("sync", "async")),
+    Setting("single_writer", bool, False, parse_bool,
+            "accept a store without conditional writes", "switch"),
+    # A chunk is a power of two up to 64 MiB (remote.MAX_CHUNK_SIZE: every node must be
+    # able to read it).  64 KiB at least: smaller chunks are for tests (the model tests
+    # use 64K), never sensible in production (8 MiB is the default).
+    Setting("chunk_size", int, 8 << 20,
+            _size_between(64 << 10, MAX_CHUNK_SIZE, power_of_two=True),
+            "chunk size (default 8M)"),
+    Setting("cache_size", int, 8 << 30, _size_between(1 << 20, 1 << 50),
+            "node cache limit (default 8G)"),
+    Setting("metadata_ttl", float, 1.0, _seconds(0.0, DAY),
+            "seconds a remote listing is trusted (default 1)"),
+    Setting("upload_concurrency", int, 8, _count(1, 1024),
+            "chunk uploads in flight (default 8)"),
+    Setting("fetch_concurrency", int, 8, _count(1, 1024),
+            "chunk downloads in flight (default 8)"),
+    Setting("gc_grace", float, DAY, parse_seconds,
+            "seconds before gc may remove staged trees (default 86400)"),
+    # How long gc waits after announcing a pass before it relies on writers having seen
+    # it (decision 0003).  Recorded in a new store's ckptfs.json; the store's value wins.
+    Setting("gc_settle", float, 600.0, parse_seconds,
+            "seconds gc lets writers see each announcement (recorded when this mount "
+            "creates the store; default 600)"),
+    Setting("writeback_cache", bool, False, parse_bool,
+            "let the kernel buffer writes (experimental)", "switch"),
+    Setting("checkpoint_formats", tuple[str, ...], ("torch", "safetensors", "npy", "pickle"),
+            parse_checkpoint_formats,
+            "formats whose structure is checked before a close publishes "
+            "(default torch,safetensors,npy,pickle; empty: none)"),
+    Setting("lease_ttl", float, 30.0, _seconds(0.0, DAY, low_ok=False),
+            "seconds a node's seal lease lives unrenewed (default 30; see "
+            "docs/decisions/0004)"),
+    # Report a staged directory nobody writes or seals (stale.py).
+    Setting("stale_staged_after", float, 600.0, parse_seconds,
+            "seconds after which a staged checkpoint directory that nothing writes and "
+            "nobody sealed is reported (default 600)"),
+    # The overall bound of one store call, all retries together; past it, EIO.
+    Setting("store_timeout", float, 60.0, _seconds(1.0, DAY),
+            "seconds one store request may take, retries included, before it fails "
+            "with EIO (default 60)"),
+    # How long an unmount (or SIGTERM) waits for pending uploads before it unmounts
+    # anyway, leaving them journaled for the next mount.
+    Setting("stop_timeout", float, 600.0, _seconds(0.0, 7 * DAY),
+            "seconds an unmount or SIGTERM waits for pending uploads before unmounting "
+            "anyway, uploads kept journaled (default 600)"),
+    # Async mode: closed bytes not yet uploaded past which writers wait for uploads
+    # (default: half the state dir's free space at mount).
+    Setting("max_staged", int | None, None, _size_between(1 << 20, 1 << 60),
+            "async mode: closed bytes not yet uploaded past which writers wait for uploads "
+            "(default: half the state dir's free space at mount)"),
+    # Async mode: background uploads wait while a writer writes (decision 0015), at most
+    # this long at a stretch; then they go beside it one at a time.
+    Setting("upload_hold", float, 10.0, _seconds(0.0, DAY),
+            "async mode: seconds uploads wait for a writing process to pause before they "
+            "go beside it one at a time (default 10; 0: at once)"),
+    # How chunk bytes move to and from S3 (decision 0014): "direct" sends PUT/GET of
+    # whole objects over http.client with botocore's signer; "boto3" uses boto3 for all.
+    Setting("s3_client", str, "direct", parse_s3_client,
+            "S3 client for object bytes: direct (lean, default) or boto3", "choice",
+            ("direct", "boto3")),
+    # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
+    Setting("metrics_address", str | None, None, parse_metrics_address,
+            "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),
+)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+# Read from the environment by others, not settings (tests' fault injection).
+OTHER_ENV = ("CKPTFS_FAULTS",)
+# TOML-only tables: the checkpoint profiles (replacing the defaults, or added to them).
+PROFILE_KEYS = ("profiles", "extra_profiles")
+# TOML-only tables: retention rules ([[retention]], retention.py).
+TABLE_KEYS = PROFILE_KEYS + ("retention",)
+
+# Every setting of the table as a field (with its default), plus the profiles.
+Settings = make_dataclass(
+    "Settings",
+    [(s.name, s.type, field(default=s.default)) for s in SETTINGS]
+    + [("profiles", Profiles, field(default_factory=Profiles)),
+       ("retention", tuple, field(default=()))])     # retention.Rule per [[retention]]
+Settings.__doc__ = "The resolved settings of one mount: one field per row of SETTINGS."
+
+
+def _profiles(raw) -> Profiles:
+    if not isinstance(raw, list):
+        raise ConfigError("profiles must be an array of tables ([[profiles]])")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConfigError(f"profiles[{i}] is not a table")
+        unknown = set(item) - {"name", "pattern", "marks", "pointers", "pointer_kind"}
+        if unknown:
+            raise ConfigError(f"profiles[{i}]: unknown key(s) {', '.join(sorted(unknown))}")
+        if not isinstance(item.get("pattern"), str) or not item["pattern"]:
+            raise ConfigError(f"profiles[{i}] needs a pattern")
+        try:
+            out.append(Profile(name=str(item.get("name", item["pattern"])),
+                               pattern=item["pattern"], marks=tuple(item.get("marks", ())),
+                               pointers=tuple(item.get("pointers", ())),
+                               pointer_kind=item.get("pointer_kind", TEXT)))
+        except ValueError as exc:
+            raise ConfigError(f"profiles[{i}]: {exc}") from None
+    return Profiles(tuple(out))
+
+
+def _retention(raw) -> tuple:
+    from ..cluster.retention import Rule
+    if not isinstance(raw, list):
+        raise ConfigError("retention must be an array of tables ([[retention]])")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConfigError(f"retention[{i}] is not a table")
+        unknown = set(item) - {"pattern", "keep_last"}
+        if unknown:
+            raise ConfigError(f"retention[{i}]: unknown key(s) {', '.join(sorted(unknown))}")
+        if not isinstance(item.get("pattern"), str) or not item["pattern"]:
+            raise ConfigError(f"retention[{i}] needs a pattern")
+        keep = item.get("keep_last")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ConfigError(f"retention[{i}]: keep_last must be a whole number of at "
+                              f"least 1, not {keep!r}")
+        out.append(Rule(item["pattern"], keep))
+    return tuple(out)
+
+
+def load(config_file: Path | None, env: dict[str, str], flags: dict) -> Settings:
+    """Merge defaults < file < environment < flags (flags whose value is None are unset)."""
+    settings = Settings()
+    path = config_file
+    if path is None and DEFAULT_CONFIG_FILE.exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        try:
+            doc = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        by_toml = {st.toml_key: st for st in SETTINGS}
+        unknown = set(doc) - set(by_toml) - set(TABLE_KEYS)
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown key(s) {', '.join(sorted(unknown))}")
+        for key, value in doc.items():
+            if key == "profiles":
+                settings.profiles = _profiles(value)
+            elif key == "retention":
+                settings.retention = _retention(value)
+            elif key == "extra_profiles":
+                settings.profiles = Profiles(DEFAULT_PROFILES + _profiles(value).profiles)
+            else:
+                _apply(settings, by_toml[key], value, f"config file {path}")
+    by_env = {st.env: st for st in SETTINGS}
+    for name, value in env.items():
+        if not name.startswith("CKPTFS_") or name in OTHER_ENV:
+            continue
+        if name not in by_env:
+            raise ConfigError(f"unknown environment variable {name}")
+        _apply(settings, by_env[name], value, name)
+    for key, value in flags.items():
+        if value is not None:
+            _apply(settings, BY_NAME[key], value, BY_NAME[key].flag)
+    return settings
+
+
+def _apply(settings, setting: Setting, value, where: str) -> None:
+    try:
+        setattr(settings, setting.name, setting.parse(value))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {setting.name}: {exc}") from None

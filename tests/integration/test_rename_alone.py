@@ -1,0 +1,82 @@
+"""A lone async node renaming against itself (issue item 2; pjdfstest rename/09.t and
+10.t): a target is made (a file, a FIFO or a symlink) and chowned, ``a/x`` is renamed
+over it into a sticky directory ``b`` and back, 40 rounds.  No other node uses the store,
+so every name must keep showing what this node did: after each rename ``lstat`` gives
+the renamed inode and ``lchown`` works; after the log drains a fresh mount sees the same
+tree."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import run_ckptfs
+
+# Entry writes and deletes slowed down: the metadata log runs behind the renames, as on
+# a busy store (each round's removal of an older name holds the log for a while).
+SLOW_ENTRIES = {"rules": [{"op": "put", "prefix": "dirs/", "kind": "delay", "delay": 0.02},
+                          {"op": "delete", "prefix": "dirs/", "kind": "delay",
+                           "delay": 0.15}]}
+
+
+def make_target(path, kind: str, round_: int) -> None:
+    if kind == "file":
+        path.write_bytes(b"target %d" % round_)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink(f"nowhere-{round_}", path)
+    os.lchown(path, 1000 + round_, 2000 + round_)
+
+
+def assert_is(path, ino: int, what: str) -> None:
+    st = os.lstat(path)
+    assert st.st_ino == ino, f"{what}: {path.name} is inode {st.st_ino}, want {ino}"
+
+
+@pytest.mark.parametrize("durability", ["async", "sync"])
+def test_renames_over_new_targets_and_back_keep_their_names(store, make_mount, durability):
+    mnt = make_mount(store, durability=durability, faults=SLOW_ENTRIES,
+                     extra=("--metadata-ttl", "0.2"))
+    a, b = mnt.path / "a", mnt.path / "b"
+    a.mkdir()
+    b.mkdir()
+    os.chmod(b, 0o1777)
+    x, y = a / "x", b / "y"
+    x.write_bytes(b"the moving file")
+    for round_ in range(40):
+        what = f"round {round_}"
+        if round_ % 4 == 3:        # a new inode under the name now and then
+            os.unlink(x)
+            x.write_bytes(b"the moving file")
+        ino = os.lstat(x).st_ino
+        if round_:
+            os.unlink(a / f"older-{round_ - 1}")       # a record ahead of the renames
+        os.symlink("elsewhere", a / f"older-{round_}")
+        make_target(y, ("file", "fifo", "symlink")[round_ % 3], round_)
+        os.rename(x, y)
+        assert_is(y, ino, what)
+        os.lchown(y, 3000 + round_, -1)
+        assert_is(y, ino, what)
+        with pytest.raises(FileNotFoundError):
+            os.lstat(x)
+        os.rename(y, x)
+        assert_is(x, ino, what)
+        os.lchown(x, 4000 + round_, -1)
+        assert_is(x, ino, what)
+        with pytest.raises(FileNotFoundError):
+            os.lstat(y)
+    assert x.read_bytes() == b"the moving file"
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    assert os.lstat(x).st_uid == 4039 and not os.path.lexists(y)
+    fresh = make_mount(store, name="fresh")
+    assert os.listdir(fresh.path / "b") == []
+    assert sorted(os.listdir(fresh.path / "a")) == ["older-39", "x"]
+    assert (fresh.path / "a" / "x").read_bytes() == b"the moving file"
+    assert os.lstat(fresh.path / "a" / "x").st_uid == 4039
+    # And the node that did it still agrees once it has listed the store again.
+    time.sleep(0.5)                                  # past its metadata TTL (0.2 s)
+    assert sorted(os.listdir(a)) == ["older-39", "x"] and os.listdir(b) == []
+    assert os.lstat(x).st_uid == 4039
