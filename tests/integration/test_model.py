@@ -30,7 +30,10 @@ so CI is reproducible), CKPTFS_MODEL_STORES (local,s3; default local),
 CKPTFS_MODEL_DURABILITY (sync,async), CKPTFS_MODEL_TTL (metadata TTL, default 0.25 s),
 CKPTFS_MODEL_STORE_TIMEOUT (the daemons' store_timeout, default 5 s: a step in an
 outage fails after it), CKPTFS_MODEL_NOFILE (the daemons' RLIMIT_NOFILE, default 128; 0
-leaves it), CKPTFS_MODEL_SHRINK (0 to skip shrinking), CKPTFS_MODEL_REPORT (a JSON file to which the
+leaves it), CKPTFS_MODEL_STATE_MIB (each state dir a tmpfs of this size so a step can
+fill it; default 32 as root, 0: plain directories and no such step),
+CKPTFS_MODEL_TIMEOUT (pytest-timeout of one test, default 15 s a step, doubled when
+shrinking), CKPTFS_MODEL_SHRINK (0 to skip shrinking), CKPTFS_MODEL_REPORT (a JSON file to which the
 run's counts are appended; tools/soak.sh uses it).
 """
 
@@ -104,6 +107,10 @@ NOFILE = int(_KNOBS.get("CKPTFS_MODEL_NOFILE", "128"))
 # Every node's state dir is a tmpfs of this many MiB, so a step can fill it (root
 # only); 0: a plain directory, no full-state-dir steps.
 STATE_MIB = int(_KNOBS.get("CKPTFS_MODEL_STATE_MIB", "32" if os.geteuid() == 0 else "0"))
+# pytest-timeout for one test (pyproject's 300 s cut the soak's runs short): about 15 s
+# a step, twice that when a failure is shrunk; CKPTFS_MODEL_TIMEOUT sets it.
+TIMEOUT = int(_KNOBS.get("CKPTFS_MODEL_TIMEOUT",
+                         max(600, 15 * EXAMPLES * STEPS * (2 if SHRINK else 1))))
 # Sync: at most this many states a store fault's failed steps may have left.
 MAX_CANDIDATES = 8
 
@@ -1078,6 +1085,7 @@ def _settings() -> settings:
                     phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate])
 
 
+@pytest.mark.timeout(TIMEOUT)
 @pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
 @pytest.mark.parametrize("durability", DURABILITIES)
 @pytest.mark.parametrize("kind", STORES)
