@@ -44,18 +44,20 @@ async def reached(gate: Any, count: int = 1) -> None:
 
 @asynccontextmanager
 async def open_core(base: Path, store: ObjectStore, config: Config | None = None,
-                    map_size: int | None = None, run: bool = True
+                    map_size: int | None = None, run: bool = True, **fs_kwargs: Any
                     ) -> AsyncIterator[Filesystem]:
     """A started ``Filesystem`` with its own namespace, staging and cache under
     ``base``, over ``store``; its background tasks (publishing, the metadata log) run
-    in a nursery of its own when ``run``.  Closed on exit."""
+    in a nursery of its own when ``run``; ``fs_kwargs`` go to the ``Filesystem``
+    constructor (e.g. ``check_complete``).  Closed on exit."""
     ns = Namespace(base / "meta") if map_size is None else Namespace(base / "meta",
                                                                       map_size=map_size)
     staging = Staging(base / "staging", base / "abandoned")
     cache = ChunkCache(base / "cache", store, 1 << 30, trio.CapacityLimiter(4))
     try:
         async with trio.open_nursery() as nursery:
-            fs = Filesystem(ns, store, staging, cache, config or Config(), nursery)
+            fs = Filesystem(ns, store, staging, cache, config or Config(), nursery,
+                            **fs_kwargs)
             if run:
                 await nursery.start(fs.run)
             await fs.start()
