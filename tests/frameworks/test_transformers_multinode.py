@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch.multiprocessing as mp  # noqa: E402
 
-from conftest import eventually  # noqa: E402
+from support.mounts import eventually  # noqa: E402
 
 REQUIRED = ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth", "model.safetensors")
 
