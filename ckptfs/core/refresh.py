@@ -290,10 +290,14 @@ class Refresh:
                         and holder_inode.parent:
                     if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
                         # Both names listed: an alias, unless the other one is the
-                        # claimed source of a rename to this name (decision 0006).
+                        # claimed source of a rename to this name (decision 0006), or
+                        # the other name now holds another object (the directory was
+                        # renamed here and its old name made again by another node).
                         other = fetched.get(holder_inode.name)
-                        if other is None or other[0].moving_to != \
-                                entry_key(dir_inode.dir_id, name):
+                        reused = other is not None and (other[0].type != "dir" or
+                                                        other[0].id != entry.id)
+                        if not reused and (other is None or other[0].moving_to !=
+                                           entry_key(dir_inode.dir_id, name)):
                             reason = f"has the same directory id as {holder_inode.name!r}"
                     elif holder_inode.parent != dir_inode.ino and \
                             not self._is_open(holder) and not self.dir_marks.is_busy(holder):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,21 +206,14 @@ def test_two_nodes_over_one_store_converge_and_never_show_a_torn_file(
     caplog.clear()
     with tempfile.TemporaryDirectory(dir=tmp_path) as base:
         trio.run(run_program, Path(base), durability, program)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
-              and not KNOWN_BUG.search(r.getMessage())]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors          # a legitimate program logs no error
 
 
-# Found by the test above (seed-independent; shrunk to this program).  A node that knew
-# d0 refreshes after another node renamed d0 to d1 and made a new d0: it takes the
-# renamed directory for a corrupt entry (same directory id as its stale d0), logs an
-# ERROR and answers EIO for d1 until a later refresh.  Not fixed here (core/ is being
-# rewritten); the random test tolerates only this message, the test below keeps it red.
-KNOWN_BUG = re.compile(r"has the same directory id as")
-
-
-@pytest.mark.xfail(strict=True, reason="refresh takes a directory another node renamed "
-                   "(and whose old name it reused) for a corrupt entry: ERROR + EIO")
+# Found by the test above (shrunk to this program): a node that knew d0 refreshed after
+# another node renamed d0 to d1 and made a new d0, took the renamed directory for a
+# corrupt entry (the same directory id as its stale d0), logged an ERROR and answered EIO
+# for d1 until a later refresh.
 def test_a_directory_renamed_and_its_name_reused_by_another_node_is_no_corrupt_entry(
         tmp_path, caplog):
     program = [("mkdir", 0, "d0"), ("save", 1, "", "f0", 0), ("mvdir", 0, "d0", "d1"),
