@@ -14,6 +14,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
 from ..data.upload import ChunkTracker
+from .chunkmap import ChunkMap
 from .state import (PAGE_VERSIONS_KEPT, Handle, Runtime, Session)
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class WritePath:
         """The closed version a reader opening now gets."""
         if inode.dirty or inode.local_copy:
             return ("staging", inode.ver)
-        return ("chunks", list(inode.chunks), inode.size)
+        return ("chunks", ChunkMap(inode.chunks), inode.size)
 
     def _ref(self, rt: Runtime, ver: int) -> None:
         rt.refs[ver] = rt.refs.get(ver, 0) + 1
@@ -121,7 +122,7 @@ class WritePath:
     def _snapshot_key(handle: Handle) -> object:
         snap = handle.snapshot
         if snap[0] == "chunks":
-            return ("chunks", tuple(sha for sha, _ in snap[1]))
+            return ("chunks", snap[1].shas)
         return snap[:2]   # ("staging", ver) or ("live",)
 
     def keep_cache(self, handle: Handle) -> bool:
