@@ -118,6 +118,9 @@ class Handle:
     # ("live",) reading a published version: (its chunk list, its ChunkMap), kept until
     # the list is replaced (core/read.py).
     live_chunks: tuple | None = None
+    # What the kernel was told at open (core/write.py ``_cache_flags``).
+    keep_cache: bool = False
+    direct_io: bool = False
 
 
 @dataclass
