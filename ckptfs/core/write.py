@@ -278,7 +278,7 @@ class WritePath:
         self.writers_waiting += 1
         try:
             while self.staged_bytes(fresh=True) > self.max_staged and self.queue.active():
-                await trio.sleep(0.05)
+                await self.queue.wait_change()
         finally:
             self.writers_waiting -= 1
 
