@@ -1,8 +1,9 @@
 """Where a published version's bytes are: its chunk list with the offset each chunk
-starts at, computed once per version (at open, for a reader's snapshot), so a read finds
-the chunks covering its range by bisection instead of walking the list from the start
-(a 10 GiB file is 1280 chunks of 8 MiB; read in 128 KiB requests, the walk cost seconds
-of event-loop CPU per file).  Pure data: must not know the cache, the store or handles."""
+starts at, computed once per version (a reader's snapshot, at its first read), so a
+read finds the chunks covering its range by bisection instead of walking the list from
+the start (a 10 GiB file is 1280 chunks of 8 MiB; read in 128 KiB requests, the walk
+cost seconds of event-loop CPU per file).  Pure data: must not know the cache, the
+store or handles."""
 
 from __future__ import annotations
 
@@ -20,13 +21,22 @@ class ChunkMap(Sequence[tuple[str, int]]):
 
     def __init__(self, chunks: Sequence[tuple[str, int]]) -> None:
         self._chunks: tuple[tuple[str, int], ...] = tuple(chunks)
-        self._ends: list[int] = list(accumulate(length for _, length in self._chunks))
-        self._starts: list[int] = [0, *self._ends[:-1]] if self._chunks else []
+        # Computed at the first lookup (0.3 ms for 1280 chunks): an open that never
+        # reads pays nothing.
+        self._starts: list[int] = []
+        self._ends: list[int] = []
         self._shas: tuple[str, ...] | None = None
+
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        if len(self._ends) != len(self._chunks):
+            self._ends = list(accumulate(length for _, length in self._chunks))
+            self._starts = [0, *self._ends[:-1]]
+        return self._starts, self._ends
 
     @property
     def total(self) -> int:
-        return self._ends[-1] if self._ends else 0
+        ends = self._bounds()[1]
+        return ends[-1] if ends else 0
 
     @property
     def shas(self) -> tuple[str, ...]:
@@ -39,9 +49,10 @@ class ChunkMap(Sequence[tuple[str, int]]):
         """``(start, sha, length, index)`` of every chunk with bytes in ``[offset,
         end)``, in order: the chunks from the first that ends after ``offset`` to the
         last that starts before ``end``."""
-        first = bisect_right(self._ends, offset)
-        last = bisect_left(self._starts, end)        # one past the last
-        return [(self._starts[i], *self._chunks[i], i) for i in range(first, last)]
+        starts, ends = self._bounds()
+        first = bisect_right(ends, offset)
+        last = bisect_left(starts, end)        # one past the last
+        return [(starts[i], *self._chunks[i], i) for i in range(first, last)]
 
     def following(self, index: int, count: int) -> list[tuple[str, int]]:
         """Up to ``count`` chunks after chunk ``index`` (read-ahead)."""
