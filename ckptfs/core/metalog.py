@@ -7,8 +7,6 @@ import errno
 import logging
 import time
 
-import trio
-
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..meta.oplog import Blocked, OpDropped
@@ -145,7 +143,7 @@ class MetaLogApply:
                      if self._publish_epoch.get(ino, 0) < seq]
             if not self._pending_under(dir_ino, older):
                 return
-            await trio.sleep(0.05)
+            await self.queue.wait_change()
 
     async def _exec_move(self, seq: int, record: dict) -> None:
         ino = record["ino"]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import trio
 
 from ..meta.namespace import Inode
+from .chunkmap import ChunkMap
 from .state import (Handle)
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ class ReadPath:
             elif inode.dirty or inode.local_copy:
                 ver = inode.ver
             else:
-                return await self._read_remote(handle, list(inode.chunks), inode.size,
-                                               offset, size)
+                return await self._read_remote(handle, self._live_chunks(handle, inode),
+                                               inode.size, offset, size)
             if offset >= inode.size:
                 return b""
             return os.pread(self.staging.fd(inode.ino, ver), min(size, inode.size - offset),
@@ -44,7 +45,16 @@ class ReadPath:
             return os.pread(self.staging.fd(inode.ino, snap[1]), size, offset)
         return await self._read_remote(handle, snap[1], snap[2], offset, size)
 
-    async def _read_remote(self, handle: Handle, chunks: list, total: int, offset: int,
+    @staticmethod
+    def _live_chunks(handle: Handle, inode: Inode) -> ChunkMap:
+        """The offsets of the inode's current published chunks, computed again only
+        when its chunk list is replaced (it is never changed in place)."""
+        cached = handle.live_chunks
+        if cached is None or cached[0] is not inode.chunks:
+            cached = handle.live_chunks = (inode.chunks, ChunkMap(inode.chunks))
+        return cached[1]
+
+    async def _read_remote(self, handle: Handle, chunks: ChunkMap, total: int, offset: int,
                            size: int) -> bytes:
         self.read_requests += 1
         # Concurrent kernel read-ahead requests arrive slightly out of order: "close to
@@ -81,19 +91,12 @@ class ReadPath:
             if not self.cache.ready(sha) and not self.cache.fetching(sha):
                 self.nursery.start_soon(self._readahead, sha, length)
 
-    async def _read_chunks(self, chunks: list, total: int, offset: int, size: int,
+    async def _read_chunks(self, chunks: ChunkMap, total: int, offset: int, size: int,
                            window: int = 1) -> bytes:
         end = min(offset + size, total)
         if offset >= end:
             return b""
-        wanted = []
-        pos = 0
-        for index, (sha, length) in enumerate(chunks):
-            if pos + length > offset and pos < end:
-                wanted.append((pos, sha, length, index))
-            pos += length
-            if pos >= end:
-                break
+        wanted = chunks.covering(offset, end)
         for _, sha, _, _ in wanted:
             self.cache.pin(sha)
         try:
@@ -104,7 +107,7 @@ class ReadPath:
                     for _, sha, length, _ in wanted:
                         nursery.start_soon(self.cache.ensure, sha, length)
             last_index = wanted[-1][3]
-            for sha, length in chunks[last_index + 1:last_index + 1 + window]:
+            for sha, length in chunks.following(last_index, window):
                 if not self.cache.ready(sha) and not self.cache.fetching(sha):
                     self.nursery.start_soon(self._readahead, sha, length)
             parts = []

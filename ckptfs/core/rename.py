@@ -126,6 +126,7 @@ class Rename:
                 # the newer one).
                 self._publish_epoch[inode.ino] = seq
                 self.ns.publish_pending_add(inode.ino, seq)
+                self.queue.changed()     # records waiting for its older epoch look again
         for ino in inos + [inode.ino]:
             self._drop_rt(ino)
         await self._sync_journal()

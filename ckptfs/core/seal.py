@@ -140,7 +140,7 @@ class Seal:
             self._refuse_if_failed_below(dir_ino)
             if not self._pending_under(dir_ino, self.queue.active()):
                 return
-            await trio.sleep(0.05)
+            await self.queue.wait_change()
 
     async def _seal_in_background(self, ino: int) -> None:
         for attempt in range(10):

@@ -113,8 +113,14 @@ class Handle:
     session: Session | None = None          # writable handles: the session they joined
     # What a read-only handle reads until it closes (promise: a reader keeps the version
     # it opened): ("live",) the working/current content on this node; ("staging", ver)
-    # a closed local version; ("chunks", chunks, size) a published version.
+    # a closed local version; ("chunks", ChunkMap, size) a published version.
     snapshot: tuple = ("live",)
+    # ("live",) reading a published version: (its chunk list, its ChunkMap), kept until
+    # the list is replaced (core/read.py).
+    live_chunks: tuple | None = None
+    # What the kernel was told at open (core/write.py ``_cache_flags``).
+    keep_cache: bool = False
+    direct_io: bool = False
 
 
 @dataclass

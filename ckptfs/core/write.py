@@ -14,6 +14,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
 from ..data.upload import ChunkTracker
+from .chunkmap import ChunkMap
 from .state import (PAGE_VERSIONS_KEPT, Handle, Runtime, Session)
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class WritePath:
         """The closed version a reader opening now gets."""
         if inode.dirty or inode.local_copy:
             return ("staging", inode.ver)
-        return ("chunks", list(inode.chunks), inode.size)
+        return ("chunks", ChunkMap(inode.chunks), inode.size)
 
     def _ref(self, rt: Runtime, ver: int) -> None:
         rt.refs[ver] = rt.refs.get(ver, 0) + 1
@@ -69,10 +70,15 @@ class WritePath:
     # ------------------------------------------------------------------ open / read / write
 
     async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        """A new handle, with the page-cache flags the kernel gets for it
+        (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
         if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
             with self.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
-                return await self._open(ino, flags, opener)
-        return await self._open(ino, flags, opener)
+                handle = await self._open(ino, flags, opener)
+        else:
+            handle = await self._open(ino, flags, opener)
+        handle.keep_cache, handle.direct_io = self._cache_flags(handle)
+        return handle
 
     async def _open(self, ino: int, flags: int, opener: Opener) -> Handle:
         inode = self.ns.get(ino)
@@ -96,7 +102,12 @@ class WritePath:
         return handle
 
     def open_flags(self, handle: Handle) -> tuple[bool, bool]:
-        """(keep_cache, direct_io) for the kernel.  The page cache of an inode is shared
+        """(keep_cache, direct_io) of a handle, as ``open`` decided them."""
+        return handle.keep_cache, handle.direct_io
+
+    def _cache_flags(self, handle: Handle) -> tuple[bool, bool]:
+        """(keep_cache, direct_io) for the kernel, decided once at open (it records
+        the version the kernel's pages hold from now on).  The page cache of an inode is shared
         by all its handles: a reader that opens a version other than the one the cache
         may hold drops it (no keep_cache), and while readers of two versions are open,
         the newer ones bypass it (direct_io) so each reads its own version."""
@@ -121,11 +132,11 @@ class WritePath:
     def _snapshot_key(handle: Handle) -> object:
         snap = handle.snapshot
         if snap[0] == "chunks":
-            return ("chunks", tuple(sha for sha, _ in snap[1]))
+            return ("chunks", snap[1].shas)
         return snap[:2]   # ("staging", ver) or ("live",)
 
     def keep_cache(self, handle: Handle) -> bool:
-        return self.open_flags(handle)[0]
+        return handle.keep_cache
 
     def _start_session(self, inode: Inode, rt: Runtime, ver: int) -> Session:
         session = rt.session = Session(ver=ver, tracker=ChunkTracker(self.config.chunk_size))
@@ -267,7 +278,7 @@ class WritePath:
         self.writers_waiting += 1
         try:
             while self.staged_bytes(fresh=True) > self.max_staged and self.queue.active():
-                await trio.sleep(0.05)
+                await self.queue.wait_change()
         finally:
             self.writers_waiting -= 1
 
