@@ -169,7 +169,7 @@ def test_prefetch_as_a_user_skips_what_they_cannot_search_or_read(open_base, mou
     assert fetched_bytes(b) - before == MiB              # open.bin only
 
     def raw_reply() -> int:
-        from ckptfs import api
+        from ckptfs.cli import api
         for reply in api.request(b.path, {"cmd": "prefetch", "path": str(mine)}, timeout=60):
             if reply.get("done"):
                 print(reply["files"], reply["bytes"], reply["skipped"])
