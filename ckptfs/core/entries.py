@@ -20,7 +20,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_k
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
-from .state import CoreState
+from .state import CoreState, dir_id_of, link_id_of
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,15 @@ class EntryIO:
         """Where ``inode``'s content entry lives: its shared inode object once it is
         hard-linked (decision 0008), else the entry of its name."""
         if inode.link_id:
-            return inode_key(inode.link_id)
-        return entry_key(self.st.ns.get(inode.parent).dir_id, inode.name)
+            return inode_key(link_id_of(inode))
+        return entry_key(dir_id_of(self.st.ns.get(inode.parent)), inode.name)
 
     async def _put_entry(self, inode: Inode) -> None:
         if inode.link_id:
             await self._put_linked(inode)
             return
         parent = self.st.ns.get(inode.parent)
-        key = entry_key(parent.dir_id, inode.name)
+        key = entry_key(dir_id_of(parent), inode.name)
         etag = await self._store(self.st.store.put, key, self._entry_of(inode).to_json())
         inode.remote_etag = etag
         inode.published = True
@@ -87,7 +87,7 @@ class EntryIO:
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
         every name at once), then — the first time — the link entries of its names."""
-        key = inode_key(inode.link_id)
+        key = inode_key(link_id_of(inode))
         if inode.links_pending and not inode.published:
             inode.remote_nlink = len(inode.names)
             etag = await self._store(self.st.store.put_if_absent, key,
@@ -102,7 +102,7 @@ class EntryIO:
         if inode.links_pending:
             body = self._entry_of(inode).to_json()
             for parent, name in inode.names:
-                await self._store(self.st.store.put, entry_key(self.st.ns.get(parent).dir_id, name),
+                await self._store(self.st.store.put, entry_key(dir_id_of(self.st.ns.get(parent)), name),
                                   body)
             inode.links_pending = False
             self.st.ns.save(inode)
@@ -110,7 +110,7 @@ class EntryIO:
     async def _change_nlink(self, inode: Inode, delta: int) -> None:
         """Count a name more or less in a hard-linked inode's object (compare-and-swap
         on its ETag); the object goes with its last name."""
-        key = inode_key(inode.link_id)
+        key = inode_key(link_id_of(inode))
         etag = inode.remote_etag
         for _ in range(8):
             if etag is None:
@@ -144,12 +144,13 @@ class EntryIO:
         inode object (written first, If-None-Match), then its name's entry becomes a
         link to it (If-Match the entry we read: a newer version another node
         published meanwhile is adopted first, never lost)."""
-        key = entry_key(self.st.ns.get(inode.parent).dir_id, inode.name)
+        key = entry_key(dir_id_of(self.st.ns.get(inode.parent)), inode.name)
         for _ in range(8):
             entry, etag = await self._current_entry(inode, key, allow_link=True)
             if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
                 raise FsError.enoent(f"{key} is being renamed by another node")
             if entry.type == "link":   # another node linked it meanwhile
+                assert entry.link is not None   # a decoded link names its object (remote.py)
                 self._adopt_link(inode, entry.link)
                 inode.remote_etag = None
                 return

@@ -15,7 +15,7 @@ from ..meta.oplog import Blocked, OpDropped
 from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
-from .state import CoreState
+from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -119,7 +119,9 @@ class MetaLogApply:
             raise NameTaken(f"the store's entry {key} is corrupt ({exc})") from None
         if other.type != "dir":
             raise NameTaken(f"another node made {key} a {other.type}")
-        old_id = inode.dir_id
+        old_id = dir_id_of(inode)
+        if other.id is None:
+            raise NameTaken(f"the store's entry {key} is a directory without an id")
         if other.id != old_id:
             log.info("%s was created by another node too: joined its directory",
                      self.st._path_for_log(inode))
@@ -145,7 +147,7 @@ class MetaLogApply:
                     body, _ = await self.entries._store(self.st.store.get, old_key)
                 except NotFound:
                     continue
-                new_etag = await self.entries._store(self.st.store.put, entry_key(inode.dir_id, name),
+                new_etag = await self.entries._store(self.st.store.put, entry_key(dir_id_of(inode), name),
                                              body)
                 await self.entries._store(self.st.store.delete, old_key)
                 if not child_inode.link_id:

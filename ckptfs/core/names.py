@@ -20,7 +20,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BI
                      entry_key)
 from ..store import NotFound, StoreError
 from .critical import no_await
-from .state import CoreState, Handle
+from .state import CoreState, Handle, dir_id_of
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -143,7 +143,7 @@ class Names:
         parent = parent_inode.ino
         entry = Entry(type="dir", mode=inode.mode, uid=inode.uid, gid=inode.gid,
                       mtime_ns=inode.mtime_ns, id=inode.dir_id, staged=inode.staged)
-        key = entry_key(parent_inode.dir_id, name)
+        key = entry_key(dir_id_of(parent_inode), name)
         created = await self.entries._store(self.st.store.put_if_absent, key, entry.to_json(),
                                     abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
@@ -331,7 +331,7 @@ class Names:
                     and not inode.link_id:
                 self._log_delete(inode, parent, name)
             elif inode.published and not inode.links_pending:
-                await self.entries._store(self.st.store.delete, entry_key(parent.dir_id, name))
+                await self.entries._store(self.st.store.delete, entry_key(dir_id_of(parent), name))
                 if inode.link_id:
                     await self.entries._change_nlink(inode, -1)
             elif self.st._deferred():
@@ -378,7 +378,7 @@ class Names:
                 if not inode.link_id:
                     await self.entries._make_linked(inode)
                 await self.entries._change_nlink(inode, +1)
-                key = entry_key(new_dir.dir_id, new_name)
+                key = entry_key(dir_id_of(new_dir), new_name)
                 created = await self.entries._store(self.st.store.put_if_absent, key,
                                             self.entries._entry_of(inode).to_json())
                 if not created:

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
-from .state import CoreState, Handle, PAGE_VERSIONS_KEPT, Runtime
+from .state import CoreState, Handle, PAGE_VERSIONS_KEPT
 from .write import WritePath
 
 
@@ -34,8 +34,9 @@ class Opening:
         rt.handles.add(handle.fh)
         if writable:
             rt.writers += 1
-            handle.session = rt.session
-            rt.session.handles.add(handle.fh)
+            session = handle.session = rt.session
+            assert session is not None, "a writable open joins a session first"
+            session.handles.add(handle.fh)
         elif rt.session is None:
             handle.snapshot = self._version_of(inode)
             if handle.snapshot[0] == "staging":

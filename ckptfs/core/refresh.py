@@ -15,7 +15,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_p
 from ..store import NotFound
 
 from .critical import no_await
-from .state import CoreState
+from .state import CoreState, dir_id_of
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -119,7 +119,7 @@ class Refresh:
 
     async def _list_names(self, dir_inode: Inode) -> dict[bytes, tuple[str, str]]:
         """The store's names in a directory: name -> (key, ETag)."""
-        prefix = dir_prefix(dir_inode.dir_id)
+        prefix = dir_prefix(dir_id_of(dir_inode))
         listing = await self.entries._store(lambda: list(self.st.store.list(prefix)))
         remote: dict[bytes, tuple[str, str]] = {}
         for obj in listing:
@@ -242,7 +242,8 @@ class Refresh:
         """Replace each fetched "link" entry by its shared inode object (one GET per
         object, decision 0008), with the object's ETag.  A link whose object is
         missing or malformed answers EIO for that name."""
-        ids = {entry.link for entry, _ in fetched.values() if entry.type == "link"}
+        ids = {entry.link for entry, _ in fetched.values()
+               if entry.type == "link" and entry.link is not None}   # always set (remote.py)
         objects: dict[str, tuple[Entry, str]] = {}
 
         async def fetch(link_id: str) -> None:
@@ -320,14 +321,15 @@ class Refresh:
                         # claimed source of a rename to this name (decision 0006).
                         other = fetched.get(holder_inode.name)
                         if other is None or other[0].moving_to != \
-                                entry_key(dir_inode.dir_id, name):
+                                entry_key(dir_id_of(dir_inode), name):
                             reason = f"has the same directory id as {holder_inode.name!r}"
                     elif holder_inode.parent != dir_inode.ino and \
-                            not self.st._is_open(holder) and not self.st.dir_marks.is_busy(holder):
+                            not self.st._is_open(holder_inode.ino) \
+                            and not self.st.dir_marks.is_busy(holder_inode.ino):
                         self._forget_subtree(holder_inode)   # moved here by another node
             if reason is not None:
                 log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
-                          dir_prefix(dir_inode.dir_id), reason)
+                          dir_prefix(dir_id_of(dir_inode)), reason)
                 corrupt.add(name)
                 del fetched[name]
 

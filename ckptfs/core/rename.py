@@ -16,7 +16,7 @@ from ..meta.namespace import ROOT_INO, Inode
 from ..format.remote import (Entry, entry_key)
 from ..store import PreconditionFailed
 from .critical import no_await
-from .state import CoreState, RENAME_EXCHANGE, RENAME_NOREPLACE
+from .state import RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
 from typing import TYPE_CHECKING
 
@@ -164,7 +164,7 @@ class Rename:
         replaced entry under that name until this file's closed version lands there
         (DESIGN.md promise 2: a name changes only when a closed version lands)."""
         inode.held = [h for h in inode.held if h[:2] != [new_dir.dir_id, new_name.hex()]]
-        inode.held.append([new_dir.dir_id, new_name.hex(),
+        inode.held.append([dir_id_of(new_dir), new_name.hex(),
                            self.entries._identity(replaced)["ident"]])
         self.st.ns.save(inode)
 
@@ -190,7 +190,7 @@ class Rename:
         """Sync: as ``_release_held``, at once."""
         ident = self._take_held(inode, parent, name)
         if ident is not None:
-            await self.entries._delete_if_same(entry_key(parent.dir_id, name), ident)
+            await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
 
     def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
         if moving.type != "dir":
@@ -225,8 +225,8 @@ class Rename:
                 if self.st.ns.lookup(a_parent, a_name) != a.ino or \
                         self.st.ns.lookup(b_parent, b_name) != b.ino:
                     raise FsError.enoent("changed while exchanging")
-                key_a = entry_key(self.st.ns.get(a_parent).dir_id, a_name)
-                key_b = entry_key(self.st.ns.get(b_parent).dir_id, b_name)
+                key_a = entry_key(dir_id_of(self.st.ns.get(a_parent)), a_name)
+                key_b = entry_key(dir_id_of(self.st.ns.get(b_parent)), b_name)
                 a_remote = a.published and not a.links_pending
                 b_remote = b.published and not b.links_pending
                 claim_a = await self._claim(a, key_a, key_b) if a_remote else None
@@ -294,22 +294,22 @@ class Rename:
             if not inode.parent or self.st.ns.lookup(*old) != inode.ino:
                 raise FsError.enoent("removed while renaming")
             old_dir = self.st.ns.get(old[0])
-            old_key = entry_key(old_dir.dir_id, old[1])
-            new_key = entry_key(new_dir.dir_id, new_name)
-            target_remote = target is not None and target.published and \
-                not target.links_pending
+            old_key = entry_key(dir_id_of(old_dir), old[1])
+            new_key = entry_key(dir_id_of(new_dir), new_name)
+            remote = target if target is not None and target.published and \
+                not target.links_pending else None     # a replaced name the store has
             if inode.published and not inode.links_pending:
                 await self._move_entry(inode, old_key, new_key, seals)
             else:
                 await self._delete_held(inode, old_dir, old[1])
-                if target_remote and self._never_closed(inode) and not target.link_id:
+                if remote is not None and self._never_closed(inode) and not remote.link_id:
                     # No closed version yet: the name keeps its entry until one lands.
-                    self._hold(inode, new_dir, new_name, target)
-                elif target_remote:
+                    self._hold(inode, new_dir, new_name, remote)
+                elif remote is not None:
                     await self.entries._store(self.st.store.delete, new_key)
-            if target_remote and target.link_id:
+            if remote is not None and remote.link_id:
                 # The replaced name was one link of a shared inode: count it out.
-                await self.entries._change_nlink(self.st.ns.get(target.ino), -1)
+                await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
             sealed_here = self._move_locally(inode, old_dir, old, new_parent, new_name, seals)
         if target is not None:
             self.st._drop_rt(target.ino)

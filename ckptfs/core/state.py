@@ -100,6 +100,23 @@ class Config:
     upload_hold: float = 10.0          # async: uploads wait this long for a writer to pause
 
 
+
+def dir_id_of(inode: Inode) -> str:
+    """The id a directory's entries live under.  Every directory has one (the type says
+    ``str | None`` because files have none); a directory without one is EIO, never a
+    key under ``dirs/None/``."""
+    if inode.dir_id is None:
+        raise FsError(errno.EIO, f"inode {inode.ino} has no directory id")
+    return inode.dir_id
+
+
+def link_id_of(inode: Inode) -> str:
+    """The shared inode object's id of a hard-linked file (decision 0008); EIO without."""
+    if inode.link_id is None:
+        raise FsError(errno.EIO, f"inode {inode.ino} has no link id")
+    return inode.link_id
+
+
 @dataclass
 class Session:
     """A write session: the working version every writable handle of an inode on this

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from ..meta.namespace import ROOT_INO, Inode
 
-from .state import CoreState
+from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,8 +59,8 @@ class Status:
                 skipped += 1
             elif node.type == "file":
                 out.append((path, node))
-            elif node.dir_id not in seen:
-                seen.add(node.dir_id)
+            elif dir_id_of(node) not in seen:
+                seen.add(dir_id_of(node))
                 for name, child in reversed(await self.names.listdir(node.ino)):
                     stack.append((path + b"/" + name if path else name, child))
         return out, skipped
