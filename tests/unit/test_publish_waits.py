@@ -107,17 +107,17 @@ async def _pending_under_a_dir(core) -> tuple[int, int, Gate]:
 
 async def test_a_seal_waiting_for_the_uploads_below_wakes_when_they_land(core, mock_clock):
     d, _, gate = await _pending_under_a_dir(core)
-    await _waits_then_wakes(lambda: core.fs._wait_uploads_under(d), gate)
+    await _waits_then_wakes(lambda: core.fs.seals._wait_uploads_under(d), gate)
 
 
 async def test_a_log_record_waiting_for_earlier_publishes_wakes_when_they_land(core,
                                                                                mock_clock):
     d, ino, gate = await _pending_under_a_dir(core)
-    core.fs._publish_epoch[ino] = 1
-    await _waits_then_wakes(lambda: core.fs._wait_publishes_before(5, d), gate)
+    core.fs.st._publish_epoch[ino] = 1
+    await _waits_then_wakes(lambda: core.fs.metalog._wait_publishes_before(5, d), gate)
 
 
 async def test_a_writer_waiting_for_room_wakes_when_an_upload_lands(core, mock_clock):
     _, _, gate = await _pending_under_a_dir(core)
-    core.fs.max_staged = -1       # over the bound while anything is queued
-    await _waits_then_wakes(core.fs._wait_for_room, gate)
+    core.fs.writes.max_staged = -1       # over the bound while anything is queued
+    await _waits_then_wakes(core.fs.writes._wait_for_room, gate)

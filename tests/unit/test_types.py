@@ -1,6 +1,6 @@
 """mypy stays clean on ckptfs/ (issue 22): the checkout's package, checked with the
-settings of pyproject.toml's [tool.mypy] (default strictness; core's mixins ignored until
-its composition lands), through mypy's API on every run of the suite.  A failure lists
+settings of pyproject.toml's [tool.mypy] (default strictness, core included since its
+composition), through mypy's API on every run of the suite.  A failure lists
 mypy's errors, one per line."""
 
 from __future__ import annotations
