@@ -14,7 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "tests"))
 sys.path.insert(0, str(HERE / "tests" / "integration"))
-from conftest import Mount, StoreSpec, eventually
+from support.mounts import Mount, StoreSpec, eventually
 from test_leases import Writer, hf_rank0, listing
 base = Path(tempfile.mkdtemp(prefix="ckptfs-leases-"))
 (base/"store").mkdir()

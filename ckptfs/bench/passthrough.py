@@ -49,7 +49,7 @@ class Passthrough(pyfuse3.Operations):
         try:
             st = os.lstat(path)
         except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         if ino is None:
             ino = st.st_ino
             self.t.paths[ino] = path

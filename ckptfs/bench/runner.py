@@ -27,6 +27,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .seaweed import SeaweedServer
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -194,7 +198,7 @@ class Bench:
         self.workload = Workload(big_files=args.big_files, big_size=args.big_size,
                                  small_files=args.small_files)
         self.env = dict(os.environ)
-        self.server = None
+        self.server: SeaweedServer | None = None
         self.results: dict[str, dict[str, list[float]]] = {}
 
     def prime(self) -> None:

@@ -25,7 +25,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +152,8 @@ def _connect(mountpoint: Path, path: str) -> socket.socket:
     return sock
 
 
-def _replies(mountpoint: Path, sock: socket.socket, deadline: float | None) -> Iterator[dict]:
+def _replies(mountpoint: Path, sock: socket.socket,
+             deadline: float | None) -> Generator[dict, None, None]:
     buffer = b""
     with sock:
         while True:

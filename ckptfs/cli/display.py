@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID,
                            SpinnerColumn, TextColumn, TimeElapsedColumn)
 
 
@@ -110,7 +110,7 @@ class Bar:
         stream = stream or sys.stderr
         self.active = stream.isatty()
         self.kind = kind
-        self._task = None
+        self._task: TaskID | None = None
         self._progress: Progress | None = None
         if not self.active:
             return
@@ -134,7 +134,7 @@ class Bar:
 
     def update(self, completed: float | None = None, total: float | None = None,
                description: str | None = None) -> None:
-        if self._progress is None:
+        if self._progress is None or self._task is None:
             return
         fields: dict = {}
         if completed is not None:

@@ -220,7 +220,7 @@ class HeldLeases:
         held_doc = json.loads(self.ns.meta_get(_META_HELD) or "{}")
         for key, rec in held_doc.items():
             d = self.ns.maybe_get(int(key))
-            if d is None or d.dir_id != rec["dir_id"]:
+            if d is None or d.dir_id is None or d.dir_id != rec["dir_id"]:
                 continue
             held = Held(d.ino, d.dir_id, broken=set(rec.get("broken", ())),
                         acquired=bool(rec.get("acquired", True)))

@@ -191,7 +191,7 @@ class PendingSeals:
         for key, rec in pending_doc.items():
             ino = int(key)
             d = self.ns.maybe_get(ino)
-            if d is None or d.dir_id != rec["dir_id"] or not d.staged:
+            if d is None or d.dir_id is None or d.dir_id != rec["dir_id"] or not d.staged:
                 continue
             self.pending[ino] = Pending(ino, d.dir_id, rec.get("since", time.time()))
         self.persist()

@@ -20,11 +20,16 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_k
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
+from .state import CoreState, dir_id_of, link_id_of
+
 log = logging.getLogger(__name__)
 
 
 class EntryIO:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """The inode <-> remote entry mapping; no state of its own."""
+
+    def __init__(self, st: CoreState) -> None:
+        self.st = st
 
     def _entry_of(self, inode: Inode) -> Entry:
         """The entry a name of ``inode`` has in its directory: the whole object, or for
@@ -45,7 +50,7 @@ class EntryIO:
                      sealed_at=inode.sealed_at)
 
     async def _store(self, fn, *args, abandon_on_cancel: bool = False):
-        async with self.meta_limiter:
+        async with self.st.meta_limiter:
             try:
                 return await trio.to_thread.run_sync(fn, *args,
                                                      abandon_on_cancel=abandon_on_cancel)
@@ -55,7 +60,7 @@ class EntryIO:
                 log.info("store call given up: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
             except StoreError as exc:
-                if self.store_health.unavailable and outage_cause(exc) is not None:
+                if self.st.store_health.unavailable and outage_cause(exc) is not None:
                     log.debug("store error: %s", exc)   # the outage is said once (0016)
                 else:
                     log.error("store error: %s", exc)
@@ -65,47 +70,47 @@ class EntryIO:
         """Where ``inode``'s content entry lives: its shared inode object once it is
         hard-linked (decision 0008), else the entry of its name."""
         if inode.link_id:
-            return inode_key(inode.link_id)
-        return entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+            return inode_key(link_id_of(inode))
+        return entry_key(dir_id_of(self.st.ns.get(inode.parent)), inode.name)
 
     async def _put_entry(self, inode: Inode) -> None:
         if inode.link_id:
             await self._put_linked(inode)
             return
-        parent = self.ns.get(inode.parent)
-        key = entry_key(parent.dir_id, inode.name)
-        etag = await self._store(self.store.put, key, self._entry_of(inode).to_json())
+        parent = self.st.ns.get(inode.parent)
+        key = entry_key(dir_id_of(parent), inode.name)
+        etag = await self._store(self.st.store.put, key, self._entry_of(inode).to_json())
         inode.remote_etag = etag
         inode.published = True
-        self.ns.save(inode)
+        self.st.ns.save(inode)
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
         every name at once), then — the first time — the link entries of its names."""
-        key = inode_key(inode.link_id)
+        key = inode_key(link_id_of(inode))
         if inode.links_pending and not inode.published:
             inode.remote_nlink = len(inode.names)
-            etag = await self._store(self.store.put_if_absent, key,
+            etag = await self._store(self.st.store.put_if_absent, key,
                                      self._content_entry(inode).to_json())
             if not etag:
                 raise FsError(errno.EIO, f"{key} exists already")
             inode.remote_etag = etag
             inode.published = True
-            self.ns.save(inode)
+            self.st.ns.save(inode)
         else:
             await self._rewrite_entry(inode)
         if inode.links_pending:
             body = self._entry_of(inode).to_json()
             for parent, name in inode.names:
-                await self._store(self.store.put, entry_key(self.ns.get(parent).dir_id, name),
+                await self._store(self.st.store.put, entry_key(dir_id_of(self.st.ns.get(parent)), name),
                                   body)
             inode.links_pending = False
-            self.ns.save(inode)
+            self.st.ns.save(inode)
 
     async def _change_nlink(self, inode: Inode, delta: int) -> None:
         """Count a name more or less in a hard-linked inode's object (compare-and-swap
         on its ETag); the object goes with its last name."""
-        key = inode_key(inode.link_id)
+        key = inode_key(link_id_of(inode))
         etag = inode.remote_etag
         for _ in range(8):
             if etag is None:
@@ -119,16 +124,16 @@ class EntryIO:
             n = inode.remote_nlink + delta
             try:
                 if n <= 0:
-                    await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                    await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
                     inode.remote_nlink, inode.remote_etag = 0, None
                 else:
                     entry = self._content_entry(inode)
                     entry.nlink = n
                     inode.remote_etag = await self._store(
-                        functools.partial(self.store.put, key, entry.to_json(),
+                        functools.partial(self.st.store.put, key, entry.to_json(),
                                           if_match=etag))
                     inode.remote_nlink = n
-                self.ns.save(inode)
+                self.st.ns.save(inode)
                 return
             except PreconditionFailed:
                 etag = None
@@ -139,12 +144,13 @@ class EntryIO:
         inode object (written first, If-None-Match), then its name's entry becomes a
         link to it (If-Match the entry we read: a newer version another node
         published meanwhile is adopted first, never lost)."""
-        key = entry_key(self.ns.get(inode.parent).dir_id, inode.name)
+        key = entry_key(dir_id_of(self.st.ns.get(inode.parent)), inode.name)
         for _ in range(8):
             entry, etag = await self._current_entry(inode, key, allow_link=True)
-            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
                 raise FsError.enoent(f"{key} is being renamed by another node")
             if entry.type == "link":   # another node linked it meanwhile
+                assert entry.link is not None   # a decoded link names its object (remote.py)
                 self._adopt_link(inode, entry.link)
                 inode.remote_etag = None
                 return
@@ -152,22 +158,22 @@ class EntryIO:
             link_id = uuid.uuid4().hex
             content = self._content_entry(inode)
             obj = inode_key(link_id)
-            obj_etag = await self._store(self.store.put_if_absent, obj, content.to_json())
+            obj_etag = await self._store(self.st.store.put_if_absent, obj, content.to_json())
             try:
                 await self._store(functools.partial(
-                    self.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),
+                    self.st.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),
                     if_match=etag))
             except PreconditionFailed:
-                await self._store(self.store.delete, obj)
+                await self._store(self.st.store.delete, obj)
                 continue
-            self.ns.set_link_id(inode, link_id)
+            self.st.ns.set_link_id(inode, link_id)
             inode.remote_etag, inode.remote_nlink = obj_etag or None, 1
-            self.ns.save(inode)
+            self.st.ns.save(inode)
             return
         raise FsError(errno.EIO, f"{key} keeps changing; not linked")
 
     def _adopt_link(self, inode: Inode, link_id: str) -> None:
-        self.ns.set_link_id(inode, link_id)
+        self.st.ns.set_link_id(inode, link_id)
 
     def _identity(self, inode: Inode) -> dict:
         """What tells that the store's entry of a name is still ``inode``'s, whatever
@@ -180,9 +186,9 @@ class EntryIO:
         (a directory with the same id, an entry of the same type, a link to the same
         inode object; with ``allow_link`` any link, for an inode not linked here yet)."""
         try:
-            body, etag = await self._store(self.store.get, key)
+            body, etag = await self._store(self.st.store.get, key)
         except NotFound:
-            self._touch_dir(inode.parent)
+            self.st._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} was renamed or removed by another node") from None
         try:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
@@ -192,10 +198,10 @@ class EntryIO:
             if (inode.link_id and entry.link == inode.link_id) or \
                     (allow_link and not inode.link_id):
                 return entry, etag
-            self._touch_dir(inode.parent)
+            self.st._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} now names another object")
         if entry.type != inode.type or (inode.type == "dir" and entry.id != inode.dir_id):
-            self._touch_dir(inode.parent)
+            self.st._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} now names another object")
         return entry, etag
 
@@ -213,10 +219,10 @@ class EntryIO:
             inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
                 inode.local_copy = False
-                self.cache.untrack_local(inode.ino)
-                self._drop_version_if_unused(inode.ino, inode.ver)
-            self.invalidate(inode.ino)
-        self.ns.save(inode)
+                self.st.cache.untrack_local(inode.ino)
+                self.st._drop_version_if_unused(inode.ino, inode.ver)
+            self.st.invalidate(inode.ino)
+        self.st.ns.save(inode)
 
     async def _rewrite_entry(self, inode: Inode, key: str | None = None) -> None:
         """Rewrite a published entry's metadata (attributes, seal) as a compare-and-swap
@@ -228,15 +234,15 @@ class EntryIO:
         for _ in range(8):
             if etag is None:
                 entry, etag = await self._current_entry(inode, key)
-                if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+                if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
                     raise FsError.enoent(f"{key} is being renamed by another node")
                 self._adopt_newer(inode, entry, etag)
             try:
                 inode.remote_etag = await self._store(
-                    functools.partial(self.store.put, key,
+                    functools.partial(self.st.store.put, key,
                                       self._content_entry(inode).to_json(), if_match=etag))
                 inode.published = True
-                self.ns.save(inode)
+                self.st.ns.save(inode)
                 return
             except PreconditionFailed:
                 etag = None
@@ -249,7 +255,7 @@ class EntryIO:
             return
         for _ in range(8):
             try:
-                body, etag = await self._store(self.store.get, key)
+                body, etag = await self._store(self.st.store.get, key)
             except NotFound:
                 return
             try:
@@ -260,7 +266,7 @@ class EntryIO:
                 log.info("%s holds another object now: left as it is", key)
                 return
             try:
-                await self._store(functools.partial(self.store.delete, key, if_match=etag))
+                await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
                 return
             except PreconditionFailed:
                 continue

@@ -2,49 +2,49 @@
 
 ``Filesystem`` is FUSE-agnostic (mountpoint-s3's split): the FUSE adapter and the
 control socket call it; it raises ``FsError`` with an errno.  Remote metadata steps
-(mkdir, unlink, rename, publishing an entry) are awaited here; namespace changes that
-belong together happen with no ``await`` between them.
+(mkdir, unlink, rename, publishing an entry) are awaited in the concerns; namespace
+changes that belong together happen with no ``await`` between them (``@no_await``).
 
-The façade: one class assembling the concern modules of this package over one
-shared state (docs/architecture.md)."""
+The façade: it builds the shared ``CoreState`` and the concern objects, each given its
+collaborators explicitly (decision 0018, docs/architecture.md), runs the background
+workers, and forwards the calls of the FUSE adapter, the control socket and the daemon.
+It must hold no filesystem logic of its own."""
 
 from __future__ import annotations
 
 import logging
-import shutil
-from collections import OrderedDict
+import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
-from ..errors import FsError
 from ..cluster.leases import LeaseManager
-from ..meta.namespace import Inode, Namespace
-from ..meta.oplog import MetaLog
-from ..procstat import Opener, died_unclean
+from ..data.cache import ChunkCache
 from ..data.liveness import ChunkLiveness, GuardedStore
 from ..data.publish_queue import PublishQueue
-from ..data.upload import ChunkUploader, UploadGate
-from ..data.cache import ChunkCache
-from ..store.health import StoreHealth
 from ..data.staging import Staging
+from ..data.upload import ChunkUploader, UploadGate
 from ..format.remote import FORMAT_KEY
+from ..meta.namespace import Inode, Namespace
+from ..meta.oplog import MetaLog
+from ..procstat import Opener
 from ..store import ObjectStore, StoreError
-from .state import (MAX_STAGED_FRACTION, Config, DirMarks,
-                    Handle, Runtime)
-from .entries import EntryIO
-from .refresh import Refresh
-from .names import Names
+from ..store.health import StoreHealth
 from .attributes import Attributes
-from .rename import Rename
-from .write import WritePath
-from .read import ReadPath
-from .publish import Publish
-from .seal import Seal
+from .entries import EntryIO
 from .metalog import MetaLogApply
+from .names import Names
+from .opening import Opening
+from .publish import Publish
+from .read import ReadPath
 from .recovery import Recovery
+from .refresh import Refresh
+from .rename import Rename
+from .seal import Seal
+from .state import Config, CoreState, Handle
 from .status import Status
-from .state import InodeState
+from .write import WritePath
 
 log = logging.getLogger(__name__)
 
@@ -53,91 +53,108 @@ log = logging.getLogger(__name__)
 MARKER_CHECK_INTERVAL = 10.0
 
 
-class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WritePath, ReadPath, Publish, Seal, MetaLogApply, Recovery, Status):
+class _Shared:
+    """A façade attribute that is the shared state's (read and set through)."""
 
-    def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging, cache: ChunkCache,
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, fs: Filesystem | None, owner: type | None = None) -> Any:
+        if fs is None:
+            return self
+        return getattr(fs.st, self.name)
+
+    def __set__(self, fs: Filesystem, value: Any) -> None:
+        setattr(fs.st, self.name, value)
+
+
+class Filesystem:
+    """Builds the core and forwards to it; see the module docstring."""
+
+    # The shared state the daemon, the control socket and tests read or set.
+    ns = _Shared()
+    store = _Shared()
+    staging = _Shared()
+    cache = _Shared()
+    config = _Shared()
+    handles = _Shared()
+    runtime = _Shared()
+    liveness = _Shared()
+    uploader = _Shared()
+    upload_gate = _Shared()
+    store_health = _Shared()
+    oplog = _Shared()
+    queue = _Shared()
+    leases = _Shared()
+    invalidate_entry = _Shared()
+    mount_device = _Shared()
+    died_unclean = _Shared()
+    observe = _Shared()
+    after_seal = _Shared()
+    _held_pointers = _Shared()
+
+    def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging,
+                 cache: ChunkCache,
                  config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None] = lambda ino: None,
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None = None,
                  check_complete: Callable[[int, int], str | None] | None = None) -> None:
-        self.ns = ns
-        self.store = store
-        self.staging = staging
-        self.cache = cache
-        self.config = config
-        self.nursery = nursery
-        self.invalidate = invalidate
-        self.invalidate_entry = invalidate_entry
-        self._stale_entries: list[tuple[int, bytes]] = []   # names to drop from the kernel
-        # Structural check of a closed file (formats.check_complete): a reason if the
-        # bytes are an incomplete checkpoint, None otherwise.
-        self.check_complete = check_complete
-        # ``major:minor`` of the mount, set by the daemon once mounted: lets flush ask
-        # whether the opener still holds the file (procstat.holds_for_writing).
-        self.mount_device: bytes | None = None
-        # Did a handle's opener exit with a signal or an error (procstat.died_unclean)?
-        # An attribute, so core tests inject it.
-        self.died_unclean: Callable[[Opener], bool] = died_unclean
-        self._init_tables()
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
-        self.liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
+        liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
         # Async mode: background uploads give way to a writer that is writing.
-        self.upload_gate = UploadGate(config.upload_hold)
+        upload_gate = UploadGate(config.upload_hold)
         # What background work knows of the store's health (decision 0016).
-        self.store_health = StoreHealth()
-        self.store = GuardedStore(store, self.liveness,
-                                  lambda: self.store_health.marker_lost)
-        self.uploader = ChunkUploader(
-            store, self.liveness, trio.CapacityLimiter(config.upload_concurrency),
-            ns.chunk_mark,
-            slot=self.upload_gate.slot if config.durability == "async" else None,
+        health = StoreHealth()
+        uploader = ChunkUploader(
+            store, liveness, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
+            slot=upload_gate.slot if config.durability == "async" else None,
             buffers=cache.buffers)
-        # Async mode's metadata log (decision 0012) and the epochs of pending publishes.
-        self.oplog = MetaLog(ns, on_done=self._meta_done, health=self.store_health)
-        self._publish_epoch: dict[int, int] = {}
-        self._recovered = trio.Event()     # set by start(): the log replays after recovery
-        # Async mode: closed bytes not yet uploaded are bounded (writers wait past it).
-        self.max_staged = config.max_staged or \
-            int(shutil.disk_usage(staging.root).free * MAX_STAGED_FRACTION)
-        self.writers_waiting = 0
-        self._staged_bytes = (0.0, 0)          # (when counted, bytes)
-        self.queue = PublishQueue(self._publish_from_queue, ready=self._publish_ready,
-                                  health=self.store_health)
-        self.leases = LeaseManager(ns, store, config.lease_ttl, self._writers,
-                                   lambda ino: getattr(self.runtime.get(ino), "session", None)
-                                   is not None,
-                                   lambda ino: ino in self.queue.queued,
-                                   self._seal_for_leases)
-        if self._deferred():
-            self.leases.open_wait = config.stale_wait
+        guarded = GuardedStore(store, liveness, lambda: health.marker_lost)
+        st = self.st = CoreState(ns, guarded, staging, cache, config, nursery, invalidate,
+                                 invalidate_entry, check_complete, liveness, upload_gate,
+                                 health, uploader)
+        # The concerns, bottom up; the two edges that point up are callbacks.
+        self.writes = WritePath(st)
+        self.opening = Opening(st, writes=self.writes)
+        self.entries = EntryIO(st)
+        self.reads = ReadPath(st)
+        self.refresher = Refresh(st, entries=self.entries,
+                                 delete_inode=lambda inode: self.publisher._delete_inode(inode))
+        self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
+                          journal_publish=lambda inode: self.publisher._journal_publish(inode))
+        self.publisher = Publish(st, entries=self.entries, seals=self.seals, writes=self.writes)
+        self.attrs = Attributes(st, entries=self.entries, publisher=self.publisher,
+                                writes=self.writes)
+        self.names = Names(st, entries=self.entries, refresher=self.refresher,
+                           opening=self.opening, writes=self.writes, publisher=self.publisher,
+                           delete_held=lambda *a: self.renames._delete_held(*a),
+                           release_held=lambda *a: self.renames._release_held(*a))
+        self.renames = Rename(st, entries=self.entries, names=self.names,
+                              refresher=self.refresher, seals=self.seals,
+                              publisher=self.publisher)
+        self.metalog = MetaLogApply(st, entries=self.entries, seals=self.seals,
+                                    renames=self.renames)
+        self.recovery = Recovery(st, entries=self.entries, reads=self.reads,
+                                 publisher=self.publisher, seals=self.seals,
+                                 renames=self.renames)
+        self.status = Status(st, names=self.names, writes=self.writes, reads=self.reads)
+        # Async mode's metadata log (decision 0012), the publish queue, the leases.
+        st.oplog = MetaLog(ns, on_done=lambda: st.queue.release_parked(), health=health)
+        st.queue = PublishQueue(self.publisher._publish_from_queue,
+                                ready=self.publisher._publish_ready, health=health)
+        st.leases = LeaseManager(ns, store, config.lease_ttl, st._writers,
+                                 lambda ino: getattr(st.runtime.get(ino), "session", None)
+                                 is not None,
+                                 lambda ino: ino in st.queue.queued,
+                                 self.seals._seal_for_leases)
+        if st._deferred():
+            st.leases.open_wait = config.stale_wait
 
-    def _init_tables(self) -> None:
-        """The in-memory tables the concern modules share."""
-        self.handles: dict[int, Handle] = {}
-        self.runtime: dict[int, Runtime] = {}
-        # The version the kernel page cache of an inode may hold; outlives the handles
-        # (an inode's Runtime goes with its last close), bounded: forgetting one only
-        # costs that file's cached pages at its next open.
-        self.page_versions: OrderedDict[int, object] = OrderedDict()
-        self._next_fh = 1
-        self.write_requests = 0
-        self.read_requests = 0
-        self.dir_marks = DirMarks()                  # refresh's change and busy marks
-        self._refreshing: dict[int, trio.Event] = {}
-        self._refresh_failed: dict[int, FsError] = {}
-        self._refresh_started: dict[int, float] = {}
-        self._serving_stale = False
-        self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
-        self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
-        self.meta_limiter = trio.CapacityLimiter(16)
-        self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
-        self.after_seal: Callable[[Inode], None] = lambda inode: None   # retention.py
-
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The background workers: the publish queue and the metadata log."""
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.queue.run)
-            await nursery.start(self.oplog.run, self._execute_meta)
+            await nursery.start(self.st.queue.run)
+            await nursery.start(self.st.oplog.run, self.metalog._execute_meta)
             nursery.start_soon(self._watch_marker)
             task_status.started()
 
@@ -147,13 +164,14 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
         (decision 0016).  A failed look says nothing (outages are seen elsewhere).  A
         store that had no marker at the first look (the core's tests over a bare
         ``MemoryStore``; a mount always has one) is not watched."""
+        health = self.st.store_health
         first = True
         while True:
             if not first:
                 with trio.move_on_after(MARKER_CHECK_INTERVAL):
-                    await self.store_health.check_marker.wait()
+                    await health.check_marker.wait()
             try:
-                present = await trio.to_thread.run_sync(self.store.inner.exists, FORMAT_KEY,
+                present = await trio.to_thread.run_sync(self.st.store.inner.exists, FORMAT_KEY,
                                                         abandon_on_cancel=True)
             except StoreError:
                 first = False
@@ -161,14 +179,133 @@ class Filesystem(InodeState, EntryIO, Refresh, Names, Attributes, Rename, WriteP
             if first and not present:
                 return
             first = False
-            self.store_health.marker_checked(present)
+            health.marker_checked(present)
 
-    def _deferred(self) -> bool:
-        """Async mode: metadata changes are local first, the store follows in order."""
-        return self.config.durability == "async"
+    # ------------------------------------------------------------------ forwarding
 
-    def _meta_done(self) -> None:
-        self.queue.release_parked()
+    def nlink(self, inode: Inode) -> int:
+        return self.st.nlink(inode)
 
-    def _publish_ready(self, ino: int) -> bool:
-        return self.oplog.done_through(self._publish_epoch.get(ino, 0))
+    async def lookup(self, parent: int, name: bytes) -> Inode:
+        return await self.names.lookup(parent, name)
+
+    def getattr(self, ino: int) -> Inode:
+        return self.names.getattr(ino)
+
+    async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
+        return await self.names.listdir(ino)
+
+    def statvfs(self) -> os.statvfs_result:
+        return self.names.statvfs()
+
+    def readlink(self, ino: int) -> bytes:
+        return self.names.readlink(ino)
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
+        return await self.names.mkdir(parent, name, mode, uid, gid)
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int,
+                      gid: int) -> Inode:
+        return await self.names.symlink(parent, name, target, uid, gid)
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int,
+                    gid: int) -> Inode:
+        return await self.names.mknod(parent, name, mode, rdev, uid, gid)
+
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
+                     gid: int, opener: Opener) -> tuple[Handle, Inode]:
+        return await self.names.create(parent, name, mode, flags, uid, gid, opener)
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        return await self.names.unlink(parent, name)
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        return await self.names.rmdir(parent, name)
+
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Inode:
+        return await self.names.link(ino, new_parent, new_name)
+
+    async def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
+                      gid: int | None = None, size: int | None = None,
+                      atime_ns: int | None = None, mtime_ns: int | None = None,
+                      fh: int | None = None) -> Inode:
+        return await self.attrs.setattr(ino, mode=mode, uid=uid, gid=gid, size=size,
+                                        atime_ns=atime_ns, mtime_ns=mtime_ns, fh=fh)
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        return self.attrs.getxattr(ino, name)
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        return self.attrs.listxattr(ino)
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes | None) -> None:
+        return await self.attrs.setxattr(ino, name, value)
+
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int,
+                     new_name: bytes, flags: int) -> None:
+        return await self.renames.rename(old_parent, old_name, new_parent, new_name, flags)
+
+    async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        return await self.opening.open(ino, flags, opener)
+
+    def open_flags(self, handle: Handle) -> tuple[bool, bool]:
+        return self.opening.open_flags(handle)
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        return await self.writes.write(fh, offset, data)
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        return await self.reads.read(fh, offset, size)
+
+    def _evict_local_copy(self, ino: int) -> bool:
+        return self.reads._evict_local_copy(ino)
+
+    async def warm(self, inode: Inode, on_bytes: Callable[[int], None]) -> None:
+        return await self.reads.warm(inode, on_bytes)
+
+    async def flush(self, fh: int) -> None:
+        return await self.publisher.flush(fh)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        return await self.publisher.fsync(fh, datasync)
+
+    async def release(self, fh: int) -> None:
+        return await self.publisher.release(fh)
+
+    async def seal(self, ino: int) -> bool:
+        return await self.seals.seal(ino)
+
+    async def refresh_dir(self, ino: int, force: bool = False) -> None:
+        return await self.refresher.refresh_dir(ino, force)
+
+    async def start(self) -> None:
+        return await self.recovery.start()
+
+    async def resolve(self, relative: bytes) -> Inode:
+        return await self.status.resolve(relative)
+
+    async def files_under(self, inode: Inode, prefix: bytes = b'',
+                          allowed: Callable[[Inode], bool] | None = None) -> tuple[list[tuple[bytes, Inode]],
+                          int]:
+        return await self.status.files_under(inode, prefix, allowed)
+
+    def pending_uploads(self) -> int:
+        return self.status.pending_uploads()
+
+    def store_unavailable(self) -> str | None:
+        return self.status.store_unavailable()
+
+    def unfinished(self) -> int:
+        return self.status.unfinished()
+
+    async def wait_idle(self) -> None:
+        return await self.status.wait_idle()
+
+    def is_writing(self, ino: int) -> bool:
+        return self.status.is_writing(ino)
+
+    def state_of(self, ino: int) -> str:
+        return self.status.state_of(ino)
+
+    def stats(self) -> dict:
+        return self.status.stats()

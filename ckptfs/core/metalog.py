@@ -7,13 +7,20 @@ import errno
 import logging
 import time
 
-import trio
-
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..meta.oplog import Blocked, OpDropped
 from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
+
+from .state import CoreState, dir_id_of
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+    from .seal import Seal
+    from .rename import Rename
+
 
 log = logging.getLogger(__name__)
 
@@ -24,20 +31,27 @@ class NameTaken(Exception):
 
 
 class MetaLogApply:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Applies async mode's metadata log to the store; no state of its own."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
+                 renames: Rename) -> None:
+        self.st = st
+        self.entries = entries
+        self.seals = seals
+        self.renames = renames
 
     # ------------------------------------------------------------------ the metadata log
 
     async def _execute_meta(self, seq: int, record: dict) -> None:
         """Apply one record of the metadata log to the store (oplog.py)."""
-        await self._recovered.wait()
+        await self.st._recovered.wait()
         kind = record.get("kind")
         if kind == "mkdir":
             await self._exec_mkdir(seq, record)
         elif kind == "move":
             await self._exec_move(seq, record)
         elif kind == "delete":
-            await self._delete_if_same(self._logged_key(record), record.get("ident"))
+            await self.entries._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":
             await self._exec_seal(seq, record)
         elif kind == "put":
@@ -49,22 +63,22 @@ class MetaLogApply:
 
     def _logged_key(self, record: dict, dir_field: str = "parent_id",
                     name_field: str = "name") -> str:
-        return entry_key(self.oplog.resolve(record[dir_field]),
+        return entry_key(self.st.oplog.resolve(record[dir_field]),
                          bytes.fromhex(record[name_field]))
 
     async def _exec_mkdir(self, seq: int, record: dict) -> None:
         ino = record["ino"]
         key = self._logged_key(record)
-        async with self._rt(ino).lock:      # an rmdir meanwhile waits, then sees it
-            inode = self.ns.maybe_get(ino)
+        async with self.st._rt(ino).lock:      # an rmdir meanwhile waits, then sees it
+            inode = self.st.ns.maybe_get(ino)
             if inode is None or inode.type != "dir" or inode.published or not inode.parent:
                 return   # removed here before it reached the store: nothing to create
-            created = await self._store(self.store.put_if_absent, key,
-                                        self._content_entry(inode).to_json())
+            created = await self.entries._store(self.st.store.put_if_absent, key,
+                                        self.entries._content_entry(inode).to_json())
             if created is not None:
                 inode.published, inode.remote_etag = True, created
                 inode.listed_at = time.time()
-                self.ns.save(inode)
+                self.st.ns.save(inode)
             else:
                 try:
                     await self._join_dir(inode, key)
@@ -72,29 +86,29 @@ class MetaLogApply:
                     # Kept under a name of its own; the log tries that name next.
                     self._rename_to_conflict(seq, record, inode, str(exc))
                     raise Blocked(f"renamed after a conflict: {exc}") from None
-        self._drop_rt(ino)
+        self.st._drop_rt(ino)
 
     def _rename_to_conflict(self, seq: int, record: dict, inode: Inode, why: str) -> None:
         """Another node's object holds the name this directory was made under: the
         directory keeps everything under a visible name of its own,
         ``NAME.ckptfs-conflict-<node>`` (said once), and its record is retried under it
         (decision 0016: a conflict never deletes)."""
-        base = inode.name + b".ckptfs-conflict-" + self.leases.node_id.encode()[:12]
+        base = inode.name + b".ckptfs-conflict-" + self.st.leases.node_id.encode()[:12]
         name, n = base, 1
-        while self.ns.lookup(inode.parent, name) is not None:
+        while self.st.ns.lookup(inode.parent, name) is not None:
             n += 1
             name = base + b"-" + str(n).encode()
-        log.warning("%s: %s; this node's directory is kept as %s", self._path_for_log(inode),
+        log.warning("%s: %s; this node's directory is kept as %s", self.st._path_for_log(inode),
                     why, name.decode(errors="replace"))
-        self.ns.move(inode, inode.parent, name)
-        self._touch_dir(inode.parent)
-        self.oplog.update(seq, {**record, "name": name.hex(), "retry_now": True})
+        self.st.ns.move(inode, inode.parent, name)
+        self.st._touch_dir(inode.parent)
+        self.st.oplog.update(seq, {**record, "name": name.hex(), "retry_now": True})
 
     async def _join_dir(self, inode: Inode, key: str) -> None:
         """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
         node's own put before a restart): a directory there is joined, with its id."""
         try:
-            body, etag = await self._store(self.store.get, key)
+            body, etag = await self.entries._store(self.st.store.get, key)
         except NotFound:
             raise FsError(errno.EIO, f"{key} vanished while creating it") from None
         try:
@@ -103,49 +117,51 @@ class MetaLogApply:
             raise NameTaken(f"the store's entry {key} is corrupt ({exc})") from None
         if other.type != "dir":
             raise NameTaken(f"another node made {key} a {other.type}")
-        old_id = inode.dir_id
+        old_id = dir_id_of(inode)
+        if other.id is None:
+            raise NameTaken(f"the store's entry {key} is a directory without an id")
         if other.id != old_id:
             log.info("%s was created by another node too: joined its directory",
-                     self._path_for_log(inode))
-            await self.leases.dir_id_changed(inode.ino, other.id)
-            self.oplog.alias(old_id, other.id)
-            self.ns.change_dir_id(inode, other.id)
+                     self.st._path_for_log(inode))
+            await self.st.leases.dir_id_changed(inode.ino, other.id)
+            self.st.oplog.alias(old_id, other.id)
+            self.st.ns.change_dir_id(inode, other.id)
             inode.staged = other.staged
         inode.published, inode.remote_etag, inode.listed_at = True, etag, 0.0
-        self.ns.save(inode)
+        self.st.ns.save(inode)
         if other.id != old_id:
             await self._rehome_children(inode, old_id)
 
     async def _rehome_children(self, inode: Inode, old_id: str) -> None:
         """Entries already published under a joined directory's old id move to its
         new one (files renamed into it before it reached the store)."""
-        for name, child in self.ns.children(inode.ino):
-            async with self._rt(child).lock:
-                child_inode = self.ns.maybe_get(child)
+        for name, child in self.st.ns.children(inode.ino):
+            async with self.st._rt(child).lock:
+                child_inode = self.st.ns.maybe_get(child)
                 if child_inode is None or not child_inode.published:
                     continue
                 old_key = entry_key(old_id, name)
                 try:
-                    body, _ = await self._store(self.store.get, old_key)
+                    body, _ = await self.entries._store(self.st.store.get, old_key)
                 except NotFound:
                     continue
-                new_etag = await self._store(self.store.put, entry_key(inode.dir_id, name),
+                new_etag = await self.entries._store(self.st.store.put, entry_key(dir_id_of(inode), name),
                                              body)
-                await self._store(self.store.delete, old_key)
+                await self.entries._store(self.st.store.delete, old_key)
                 if not child_inode.link_id:
                     child_inode.remote_etag = new_etag
-                    self.ns.save(child_inode)
-            self._drop_rt(child)
+                    self.st.ns.save(child_inode)
+            self.st._drop_rt(child)
 
     async def _wait_publishes_before(self, seq: int, dir_ino: int) -> None:
         """Until the uploads below a directory closed before record ``seq`` are in the
         store (failed-for-good ones excepted: they never will be)."""
         while True:
-            older = [ino for ino in self.queue.active()
-                     if self._publish_epoch.get(ino, 0) < seq]
-            if not self._pending_under(dir_ino, older):
+            older = [ino for ino in self.st.queue.active()
+                     if self.st._publish_epoch.get(ino, 0) < seq]
+            if not self.seals._pending_under(dir_ino, older):
                 return
-            await trio.sleep(0.05)
+            await self.st.queue.wait_change()
 
     async def _exec_move(self, seq: int, record: dict) -> None:
         ino = record["ino"]
@@ -154,21 +170,21 @@ class MetaLogApply:
         replaced = (record.get("replaced") or {}).get("ident")
         if record.get("type") == "dir":
             await self._wait_publishes_before(seq, ino)
-        inode = self.ns.maybe_get(ino)
+        inode = self.st.ns.maybe_get(ino)
         if inode is None or not inode.parent or inode.link_id:
             # Removed here since: what the store has under the old name goes (its
             # delete, later in the log, looks under the name it had then).
-            await self._delete_if_same(old_key, record.get("ident"))
-            await self._delete_if_same(new_key, replaced)
+            await self.entries._delete_if_same(old_key, record.get("ident"))
+            await self.entries._delete_if_same(new_key, replaced)
             return
         seals = bool(record.get("seals")) and inode.staged and \
-            not self._pending_under(ino, list(self.queue.failed))
-        if seals and not await self.leases.may_seal(ino):
+            not self.seals._pending_under(ino, list(self.st.queue.failed))
+        if seals and not await self.st.leases.may_seal(ino):
             seals = False    # other nodes still write below it: pending (leases.py)
-        async with self._rt(ino).lock:
-            inode = self.ns.get(ino)
+        async with self.st._rt(ino).lock:
+            inode = self.st.ns.get(ino)
             try:
-                await self._move_entry(inode, old_key, new_key, seals)
+                await self.renames._move_entry(inode, old_key, new_key, seals)
             except FsError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
@@ -179,81 +195,81 @@ class MetaLogApply:
                 # the race (as if it had come second), and the entry it would have
                 # replaced stays.
                 seals = False
-                if inode.dirty or ino in self.queue.queued or not inode.published:
+                if inode.dirty or ino in self.st.queue.queued or not inode.published:
                     log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
-                    await self._delete_if_same(new_key, replaced)
+                    await self.entries._delete_if_same(new_key, replaced)
                 else:
                     log.warning("rename to %s lost a race: another node moved or removed "
                                 "%s first; what the store has stays", new_key, old_key)
             if seals:
                 inode.staged = False
-            self.ns.save(inode)
-        self._drop_rt(ino)
+            self.st.ns.save(inode)
+        self.st._drop_rt(ino)
         if seals:
-            self._sealed(inode)
+            self.seals._sealed(inode)
 
     async def _exec_put(self, record: dict) -> None:
         """The entry of a name made here with no data (symlink, special file), under the
         name it had when it was made: later records of the log move it from there."""
         ino = record["ino"]
         key = self._logged_key(record)
-        async with self._rt(ino).lock:
-            inode = self.ns.maybe_get(ino)
+        async with self.st._rt(ino).lock:
+            inode = self.st.ns.maybe_get(ino)
             if inode is None or not inode.parent or inode.published:
                 pass    # removed here before it reached the store: nothing to write
             elif inode.link_id:
-                await self._put_entry(inode)    # its shared object and every name
+                await self.entries._put_entry(inode)    # its shared object and every name
             else:
-                etag = await self._store(self.store.put, key,
-                                         self._entry_of(inode).to_json())
+                etag = await self.entries._store(self.st.store.put, key,
+                                         self.entries._entry_of(inode).to_json())
                 inode.published, inode.remote_etag = True, etag
-                self.ns.save(inode)
-        self._drop_rt(ino)
+                self.st.ns.save(inode)
+        self.st._drop_rt(ino)
 
     async def _exec_attrs(self, record: dict) -> None:
         """A published entry's attributes (chmod, chown, utimens, xattrs), rewritten
         under the name the store has for it at this point of the log."""
         ino = record["ino"]
         key = self._logged_key(record)
-        async with self._rt(ino).lock:
-            inode = self.ns.maybe_get(ino)
+        async with self.st._rt(ino).lock:
+            inode = self.st.ns.maybe_get(ino)
             if inode is not None and inode.parent and inode.published \
                     and not inode.link_id:
                 try:
-                    await self._rewrite_entry(inode, key)
+                    await self.entries._rewrite_entry(inode, key)
                 except FsError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
                     # Another node renamed or removed it first: its attributes go with
                     # the next publish of this node's version, if there is one.
                     log.info("attributes of %s not rewritten: %s", key, exc.reason)
-        self._drop_rt(ino)
+        self.st._drop_rt(ino)
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
         started = time.monotonic()
         ino = record["ino"]
         await self._wait_publishes_before(seq, ino)
-        inode = self.ns.maybe_get(ino)
+        inode = self.st.ns.maybe_get(ino)
         if inode is None or not inode.parent or not inode.staged or inode.type != "dir":
             return
-        if self._pending_under(ino, list(self.queue.failed)):
+        if self.seals._pending_under(ino, list(self.st.queue.failed)):
             raise Blocked("a file below is refused by the store: the seal waits for it")
-        if not await self.leases.may_seal(ino):
+        if not await self.st.leases.may_seal(ino):
             return   # other nodes still write below it: pending (leases.py)
         key = self._logged_key(record)
-        async with self._rt(ino).lock:
-            inode = self.ns.get(ino)
+        async with self.st._rt(ino).lock:
+            inode = self.st.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return
             inode.staged, inode.sealed_at = False, time.time()
             try:
-                await self._rewrite_entry(inode, key)
+                await self.entries._rewrite_entry(inode, key)
             except BaseException as exc:
                 inode.staged = True
-                self.ns.save(inode)
+                self.st.ns.save(inode)
                 if isinstance(exc, FsError) and exc.errno == errno.ENOENT:
                     raise OpDropped(exc.reason) from None
                 raise
-        self._drop_rt(ino)
-        self._sealed(inode)
-        self.observe("seal", time.monotonic() - started)
+        self.st._drop_rt(ino)
+        self.seals._sealed(inode)
+        self.st.observe("seal", time.monotonic() - started)

@@ -19,13 +19,37 @@ from ..procstat import Opener
 from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BITS, BadEntry, Entry, KeyTooLong, check_key_fits, check_name,
                      entry_key)
 from ..store import NotFound, StoreError
-from .state import (Handle)
+from .critical import no_await
+from .state import CoreState, Handle, dir_id_of
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+    from .refresh import Refresh
+    from .opening import Opening
+    from .write import WritePath
+    from .publish import Publish
+
 
 log = logging.getLogger(__name__)
 
 
 class Names:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Lookup, create, mkdir, unlink, links; no state of its own."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO, refresher: Refresh,
+                 opening: Opening, writes: WritePath, publisher: Publish,
+                 delete_held: Callable[[Inode, Inode, bytes], Awaitable[None]],
+                 release_held: Callable[[Inode, Inode, bytes], None]) -> None:
+        self.st = st
+        self.entries = entries
+        self.refresher = refresher
+        self.opening = opening
+        self.writes = writes
+        self.publisher = publisher
+        self.delete_held = delete_held
+        self.release_held = release_held
 
     # ------------------------------------------------------------------ lookups
 
@@ -33,37 +57,37 @@ class Names:
         if len(name) > 255:
             raise FsError(errno.ENAMETOOLONG)
         if name == b".":
-            return self._dir(parent)
+            return self.st._dir(parent)
         if name == b"..":
-            return self.ns.get(self._dir(parent).parent)
-        await self.refresh_dir(parent)
-        ino = self.ns.lookup(parent, name)
+            return self.st.ns.get(self.st._dir(parent).parent)
+        await self.refresher.refresh_dir(parent)
+        ino = self.st.ns.lookup(parent, name)
         if ino is None:
-            if name in self._corrupt.get(parent, ()):
+            if name in self.refresher._corrupt.get(parent, ()):
                 raise FsError(errno.EIO, f"the store's entry for {name!r} is corrupt")
             raise FsError.enoent()
-        return self.ns.get(ino)
+        return self.st.ns.get(ino)
 
     def getattr(self, ino: int) -> Inode:
-        return self.ns.get(ino)
+        return self.st.ns.get(ino)
 
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
         """Entries of a directory, without staged (unsealed) checkpoint directories:
         those are found only by their exact name (DESIGN.md promise 4)."""
-        await self.refresh_dir(ino)
+        await self.refresher.refresh_dir(ino)
         out = []
-        for name, child in self.ns.children(ino):
-            inode = self.ns.get(child)
+        for name, child in self.st.ns.children(ino):
+            inode = self.st.ns.get(child)
             if not inode.staged:
                 out.append((name, inode))
         return out
 
     def statvfs(self) -> os.statvfs_result:
         """Space as the writer sees it: the staging disk's."""
-        return os.statvfs(self.staging.root)
+        return os.statvfs(self.st.staging.root)
 
     def readlink(self, ino: int) -> bytes:
-        inode = self.ns.get(ino)
+        inode = self.st.ns.get(ino)
         if inode.type != "symlink":
             raise FsError(errno.EINVAL)
         return inode.target or b""
@@ -72,22 +96,22 @@ class Names:
 
     async def _check_absent(self, parent: int, name: bytes) -> None:
         check_name_or_raise(name)
-        await self.refresh_dir(parent)
-        if self.ns.lookup(parent, name) is not None:
+        await self.refresher.refresh_dir(parent)
+        if self.st.ns.lookup(parent, name) is not None:
             raise FsError(errno.EEXIST)
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
         await self._check_absent(parent, name)
-        parent_inode = self._dir(parent)
+        parent_inode = self.st._dir(parent)
         dir_id = uuid.uuid4().hex
-        if not self._deferred():
+        if not self.st._deferred():
             return await self._mkdir_in_store(parent_inode, name, mode, uid, gid, dir_id)
-        if not self.oplog.pending:
+        if not self.st.oplog.pending:
             # Async mode with nothing journaled ahead: try the store first, briefly, so
             # two nodes making one directory share it from the start (their leases
             # then guard its seal); local-first if the store does not answer.
             try:
-                with trio.move_on_after(self.config.stale_wait):
+                with trio.move_on_after(self.st.config.stale_wait):
                     return await self._mkdir_in_store(parent_inode, name, mode, uid, gid,
                                                       dir_id, abandon_on_cancel=True)
             except FsError as exc:
@@ -100,13 +124,13 @@ class Names:
         """Sync mode (and async mode's first try): the directory in the store, then
         here.  Its inode is written here first, unnamed, so that a full state dir fails
         the mkdir (ENOSPC) before the store has anything; the name comes last."""
-        staged = self.config.profiles.staged_on_create(name)
-        inode = self.ns.reserve_inode("dir", mode, uid, gid, dir_id=dir_id, published=True,
+        staged = self.st.config.profiles.staged_on_create(name)
+        inode = self.st.ns.reserve_inode("dir", mode, uid, gid, dir_id=dir_id, published=True,
                                       staged=staged)
         try:
             created = await self._mkdir_reserved(parent_inode, name, inode, abandon_on_cancel)
         except BaseException:
-            self.ns.forget_reserved(inode)
+            self.st.ns.forget_reserved(inode)
             raise
         if not created:
             raise FsError(errno.EEXIST)     # another's directory, now known here too
@@ -119,23 +143,23 @@ class Names:
         parent = parent_inode.ino
         entry = Entry(type="dir", mode=inode.mode, uid=inode.uid, gid=inode.gid,
                       mtime_ns=inode.mtime_ns, id=inode.dir_id, staged=inode.staged)
-        key = entry_key(parent_inode.dir_id, name)
-        created = await self._store(self.store.put_if_absent, key, entry.to_json(),
+        key = entry_key(dir_id_of(parent_inode), name)
+        created = await self.entries._store(self.st.store.put_if_absent, key, entry.to_json(),
                                     abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
         if not created:
             # Another node (or process) won the race: adopt its directory.
             try:
-                body, etag = await self._store(self.store.get, key,
+                body, etag = await self.entries._store(self.st.store.get, key,
                                                abandon_on_cancel=abandon_on_cancel)
                 entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except (NotFound, BadEntry) as exc:
                 raise FsError(errno.EIO, f"mkdir race on {key}: {exc}") from None
             if entry.type != "dir":
                 raise FsError(errno.EEXIST)
-        if self.ns.lookup(parent, name) is not None:
+        if self.st.ns.lookup(parent, name) is not None:
             raise FsError(errno.EEXIST)
-        self._touch_dir(parent)
+        self.st._touch_dir(parent)
         inode.dir_id, inode.mode, inode.uid, inode.gid = entry.id, entry.mode, entry.uid, \
             entry.gid
         inode.mtime_ns, inode.staged, inode.remote_etag = entry.mtime_ns, entry.staged, \
@@ -145,7 +169,7 @@ class Names:
         # the store, which may be gone by then).
         inode.listed_at = time.time() if created else 0.0
         try:
-            self.ns.attach(inode, self.ns.get(parent), name)
+            self.st.ns.attach(inode, self.st.ns.get(parent), name)
         except FsError:
             if created:     # ours alone so far: the store forgets it too
                 await self._unput_mkdir(key, created)
@@ -155,7 +179,7 @@ class Names:
     async def _unput_mkdir(self, key: str, etag: str) -> None:
         """Take back a directory entry this node just put, whose local half failed."""
         try:
-            await self._store(functools.partial(self.store.delete, key, if_match=etag))
+            await self.entries._store(functools.partial(self.st.store.delete, key, if_match=etag))
         except (FsError, StoreError) as exc:
             log.warning("mkdir failed here but its entry %s stays in the store: %s", key,
                         exc)
@@ -164,27 +188,28 @@ class Names:
                            gid: int, dir_id: str) -> Inode:
         """Async mode: the directory exists here at once; the store gets it in log
         order (``_exec_mkdir``).  Inode, name and journal record are one transaction."""
-        self._touch_dir(parent.ino)
-        with self.ns.batch():
-            inode = self.ns.new_inode(parent.ino, name, "dir", mode & 0o7777, uid, gid,
+        self.st._touch_dir(parent.ino)
+        with self.st.ns.batch():
+            inode = self.st.ns.new_inode(parent.ino, name, "dir", mode & 0o7777, uid, gid,
                                       dir_id=dir_id, published=False,
                                       mtime_ns=time.time_ns(),
-                                      staged=self.config.profiles.staged_on_create(name))
+                                      staged=self.st.config.profiles.staged_on_create(name))
             self._mark_parent_changed(parent)
-            self.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
+            self.st.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
                             "name": name.hex()}, dirs=[parent.ino])
-        await self._sync_journal()
+        await self.st._sync_journal()
         return inode
 
     def _mark_parent_changed(self, parent: Inode) -> None:
         now = time.time_ns()
         parent.mtime_ns = parent.ctime_ns = now
-        self.ns.save(parent)
+        self.st.ns.save(parent)
 
-    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Inode:
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int,
+                      gid: int) -> Inode:
         await self._check_absent(parent, name)
-        self._touch_dir(parent)
-        inode = self.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
+        self.st._touch_dir(parent)
+        inode = self.st.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
                                   size=len(target))
         return await self._publish_new_name(inode, parent)
 
@@ -194,20 +219,20 @@ class Names:
         once and its entry is a record of the metadata log (``_exec_put``), after the
         records before it (a rename over the same name still pending must not land
         after it and overwrite it)."""
-        if self._deferred():
-            parent_inode = self.ns.get(parent)
-            self.oplog.add({"kind": "put", "ino": inode.ino, "parent_id": parent_inode.dir_id,
+        if self.st._deferred():
+            parent_inode = self.st.ns.get(parent)
+            self.st.oplog.add({"kind": "put", "ino": inode.ino, "parent_id": parent_inode.dir_id,
                             "name": inode.name.hex()}, dirs=[parent])
             self._mark_parent_changed(parent_inode)
-            await self._sync_journal()
+            await self.st._sync_journal()
             return inode
         try:
-            await self._put_entry(inode)
+            await self.entries._put_entry(inode)
         except BaseException:
-            self.ns.unlink(inode)
-            self.ns.delete_inode(inode.ino)
+            self.st.ns.unlink(inode)
+            self.st.ns.delete_inode(inode.ino)
             raise
-        self._mark_parent_changed(self.ns.get(parent))
+        self._mark_parent_changed(self.st.ns.get(parent))
         return inode
 
     async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int,
@@ -224,51 +249,52 @@ class Names:
         if not 0 <= rdev <= MAX_RDEV:
             raise FsError(errno.EINVAL, f"device number {rdev} out of range")
         await self._check_absent(parent, name)
-        self._dir(parent)
-        self._touch_dir(parent)
-        inode = self.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
+        self.st._dir(parent)
+        self.st._touch_dir(parent)
+        inode = self.st.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
         return await self._publish_new_name(inode, parent)
 
-    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int,
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
+                     gid: int,
                      opener: Opener) -> tuple[Handle, Inode]:
-        with self.upload_gate.busy():       # a writer at work: uploads wait (decision 0015)
+        with self.st.upload_gate.busy():       # a writer at work: uploads wait (decision 0015)
             return await self._create(parent, name, mode, flags, uid, gid, opener)
 
     async def _create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                       gid: int, opener: Opener) -> tuple[Handle, Inode]:
         check_name_or_raise(name)
-        await self.refresh_dir(parent)
-        existing = self.ns.lookup(parent, name)
+        await self.refresher.refresh_dir(parent)
+        existing = self.st.ns.lookup(parent, name)
         if existing is not None:
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST)
-            handle = await self.open(existing, flags, opener)
-            return handle, self.ns.get(existing)
-        parent_inode = self._dir(parent)
-        self._touch_dir(parent)
+            handle = await self.opening.open(existing, flags, opener)
+            return handle, self.st.ns.get(existing)
+        parent_inode = self.st._dir(parent)
+        self.st._touch_dir(parent)
         # A new name has no closed version until its writer's close: if the writer is
         # killed, the name goes again.  Inode, staging file, then the name: a full
         # state dir (ENOSPC) or no descriptor left (EMFILE) leaves nothing behind.
-        inode = self.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
+        inode = self.st.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
         try:
-            self.staging.create_empty(inode.ino, 1)
+            self.st.staging.create_empty(inode.ino, 1)
             try:
-                self.ns.attach(inode, parent_inode, name)
+                self.st.ns.attach(inode, parent_inode, name)
             except BaseException:
-                self.staging.remove(inode.ino, 1)
+                self.st.staging.remove(inode.ino, 1)
                 raise
         except OSError as exc:
-            self.ns.forget_reserved(inode)
+            self.st.ns.forget_reserved(inode)
             raise FsError(exc.errno or errno.EIO, f"staging file: {exc.strerror}") from None
         except BaseException:
-            self.ns.forget_reserved(inode)
+            self.st.ns.forget_reserved(inode)
             raise
-        rt = self._rt(inode.ino)
-        session = self._start_session(inode, rt, 1)
+        rt = self.st._rt(inode.ino)
+        session = self.writes._start_session(inode, rt, 1)
         session.tracker.reset()
         session.wrote = True  # creating the file is a change worth publishing
-        handle = self._new_handle(inode, opener, writable=True)
-        await self.leases.writing(inode)
+        handle = self.opening._new_handle(inode, opener, writable=True)
+        await self.st.leases.writing(inode)
         return handle, inode
 
     # ------------------------------------------------------------------ removing names
@@ -278,52 +304,57 @@ class Names:
         if inode.type == "dir":
             raise FsError(errno.EISDIR)
         await self._remove(inode, parent, name)
-        if self._deferred():
-            await self._sync_journal()
+        if self.st._deferred():
+            await self.st._sync_journal()
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.lookup(parent, name)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
-        await self.refresh_dir(inode.ino, force=not self._deferred())
-        if self.ns.has_children(inode.ino):
+        await self.refresher.refresh_dir(inode.ino, force=not self.st._deferred())
+        if self.st.ns.has_children(inode.ino):
             raise FsError(errno.ENOTEMPTY)
         await self._remove(inode, parent, name)
-        if self._deferred():
-            await self._sync_journal()
+        if self.st._deferred():
+            await self.st._sync_journal()
 
     async def _remove(self, inode: Inode, parent_ino: int, name: bytes) -> None:
         # Under the inode's lock: an entry PUT in flight (a publish) lands first, then
         # its key is deleted here, instead of landing after and resurrecting the name.
-        rt = self._rt(inode.ino)
+        rt = self.st._rt(inode.ino)
         async with rt.lock:
-            inode = self.ns.get(inode.ino)
-            if self.ns.lookup(parent_ino, name) != inode.ino:
+            inode = self.st.ns.get(inode.ino)
+            if self.st.ns.lookup(parent_ino, name) != inode.ino:
                 return
-            parent = self.ns.get(parent_ino)
-            if inode.published and not inode.links_pending and self._deferred() \
+            parent = self.st.ns.get(parent_ino)
+            if inode.published and not inode.links_pending and self.st._deferred() \
                     and not inode.link_id:
                 self._log_delete(inode, parent, name)
             elif inode.published and not inode.links_pending:
-                await self._store(self.store.delete, entry_key(parent.dir_id, name))
+                await self.entries._store(self.st.store.delete, entry_key(dir_id_of(parent), name))
                 if inode.link_id:
-                    await self._change_nlink(inode, -1)
-            elif self._deferred():
-                self._release_held(inode, parent, name)
+                    await self.entries._change_nlink(inode, -1)
+            elif self.st._deferred():
+                self.release_held(inode, parent, name)
             else:
-                await self._delete_held(inode, parent, name)
-            self._touch_dir(parent.ino)
-            self.ns.unlink(inode, parent_ino, name)
-            self._mark_parent_changed(parent)
-        self._drop_rt(inode.ino)
-        if not inode.parent and not self._is_open(inode.ino):
-            self._delete_inode(inode)
+                await self.delete_held(inode, parent, name)
+            self._unlink_locally(inode, parent, name)
+        self.st._drop_rt(inode.ino)
+        if not inode.parent and not self.st._is_open(inode.ino):
+            self.publisher._delete_inode(inode)
+
+    @no_await
+    def _unlink_locally(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """After the store step, under the lock: the name goes from the namespace."""
+        self.st._touch_dir(parent.ino)
+        self.st.ns.unlink(inode, parent.ino, name)
+        self._mark_parent_changed(parent)
 
     def _log_delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
         """Async mode: the store's entry of a removed name goes in log order, if it is
         still the object this node removed (``_exec_delete``)."""
-        self.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
-                        "name": name.hex(), **self._identity(inode)}, dirs=[parent.ino])
+        self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+                        "name": name.hex(), **self.entries._identity(inode)}, dirs=[parent.ino])
 
     # ------------------------------------------------------------------ hard links
 
@@ -331,39 +362,39 @@ class Names:
         """A further name for a non-directory (decision 0008).  The first link moves
         the content into a shared inode object; each name is a "link" entry to it."""
         check_name_or_raise(new_name)
-        inode = self.ns.get(ino)
+        inode = self.st.ns.get(ino)
         if inode.type == "dir":
             raise FsError(errno.EPERM, "hard links to directories")
         await self._check_absent(new_parent, new_name)
-        new_dir = self._dir(new_parent)
-        rt = self._rt(ino)
+        new_dir = self.st._dir(new_parent)
+        rt = self.st._rt(ino)
         async with rt.lock:
-            inode = self.ns.get(ino)
+            inode = self.st.ns.get(ino)
             if not inode.parent:
                 raise FsError.enoent("the file was removed")
-            if self.ns.lookup(new_parent, new_name) is not None:
+            if self.st.ns.lookup(new_parent, new_name) is not None:
                 raise FsError(errno.EEXIST)
             if inode.published and not inode.links_pending:
                 if not inode.link_id:
-                    await self._make_linked(inode)
-                await self._change_nlink(inode, +1)
-                key = entry_key(new_dir.dir_id, new_name)
-                created = await self._store(self.store.put_if_absent, key,
-                                            self._entry_of(inode).to_json())
+                    await self.entries._make_linked(inode)
+                await self.entries._change_nlink(inode, +1)
+                key = entry_key(dir_id_of(new_dir), new_name)
+                created = await self.entries._store(self.st.store.put_if_absent, key,
+                                            self.entries._entry_of(inode).to_json())
                 if not created:
-                    await self._change_nlink(inode, -1)
+                    await self.entries._change_nlink(inode, -1)
                     raise FsError(errno.EEXIST)
             else:
                 # Not published yet (a first version still being written, or queued in
                 # async mode): its first publish writes the object and every name.
                 if not inode.link_id:
-                    self.ns.set_link_id(inode, uuid.uuid4().hex)
+                    self.st.ns.set_link_id(inode, uuid.uuid4().hex)
                 inode.links_pending = True
-            self._touch_dir(new_parent)
-            self.ns.add_name(inode, new_parent, new_name)
-            self._mark_parent_changed(self.ns.get(new_parent))
-        self._drop_rt(ino)
-        return self.ns.get(ino)
+            self.st._touch_dir(new_parent)
+            self.st.ns.add_name(inode, new_parent, new_name)
+            self._mark_parent_changed(self.st.ns.get(new_parent))
+        self.st._drop_rt(ino)
+        return self.st.ns.get(ino)
 
 
 def check_name_or_raise(name: bytes) -> None:

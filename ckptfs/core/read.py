@@ -10,7 +10,8 @@ from collections.abc import Callable
 import trio
 
 from ..meta.namespace import Inode
-from .state import (Handle)
+from .chunkmap import ChunkMap
+from .state import CoreState, Handle
 
 log = logging.getLogger(__name__)
 
@@ -19,46 +20,60 @@ NEXT_FILE_CHUNKS = 2
 
 
 class ReadPath:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Reads of open handles.  Owns the read counter."""
+
+    def __init__(self, st: CoreState) -> None:
+        self.st = st
+        self.read_requests = 0
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
-        handle = self._handle(fh)
-        inode = self.ns.get(handle.ino)
+        handle = self.st._handle(fh)
+        inode = self.st.ns.get(handle.ino)
         snap = handle.snapshot
         if handle.writable or snap[0] == "live":
-            rt = self._rt(inode.ino)
+            rt = self.st._rt(inode.ino)
             if rt.session is not None:
                 ver = rt.session.ver
             elif inode.dirty or inode.local_copy:
                 ver = inode.ver
             else:
-                return await self._read_remote(handle, list(inode.chunks), inode.size,
-                                               offset, size)
+                return await self._read_remote(handle, self._live_chunks(handle, inode),
+                                               inode.size, offset, size)
             if offset >= inode.size:
                 return b""
-            return os.pread(self.staging.fd(inode.ino, ver), min(size, inode.size - offset),
+            return os.pread(self.st.staging.fd(inode.ino, ver), min(size,
+                            inode.size - offset),
                             offset)
         if snap[0] == "staging":
             if not inode.dirty and inode.ver == snap[1]:
-                self.cache.touch_local(inode.ino)
-            return os.pread(self.staging.fd(inode.ino, snap[1]), size, offset)
+                self.st.cache.touch_local(inode.ino)
+            return os.pread(self.st.staging.fd(inode.ino, snap[1]), size, offset)
         return await self._read_remote(handle, snap[1], snap[2], offset, size)
 
-    async def _read_remote(self, handle: Handle, chunks: list, total: int, offset: int,
+    @staticmethod
+    def _live_chunks(handle: Handle, inode: Inode) -> ChunkMap:
+        """The offsets of the inode's current published chunks, computed again only
+        when its chunk list is replaced (it is never changed in place)."""
+        cached = handle.live_chunks
+        if cached is None or cached[0] is not inode.chunks:
+            cached = handle.live_chunks = (inode.chunks, ChunkMap(inode.chunks))
+        return cached[1]
+
+    async def _read_remote(self, handle: Handle, chunks: ChunkMap, total: int, offset: int,
                            size: int) -> bytes:
         self.read_requests += 1
         # Concurrent kernel read-ahead requests arrive slightly out of order: "close to
         # where the last read ended" counts as sequential.
-        if abs(offset - handle.read_end) <= 4 * self.config.chunk_size // 2:
+        if abs(offset - handle.read_end) <= 4 * self.st.config.chunk_size // 2:
             handle.sequential += 1
         else:
             handle.sequential = 0
         handle.read_end = max(handle.read_end, offset + size) if handle.sequential else \
             offset + size
-        window = self.config.readahead_chunks if handle.sequential >= 2 else 1
+        window = self.st.config.readahead_chunks if handle.sequential >= 2 else 1
         if not handle.warmed_next and (
                 (handle.sequential >= 2
-                 and offset + size + window * self.config.chunk_size >= total)
+                 and offset + size + window * self.st.config.chunk_size >= total)
                 or (offset == 0 and size >= total)):
             handle.warmed_next = True
             self._warm_next_file(handle.ino)
@@ -70,68 +85,61 @@ class ReadPath:
         shards one after another would otherwise wait for each shard's first chunk with
         the CPU idle; decision 0015).  At most ``NEXT_FILE_CHUNKS`` wasted if it never
         reads that file."""
-        inode = self.ns.maybe_get(ino)
+        inode = self.st.ns.maybe_get(ino)
         if inode is None or not inode.parent:
             return
-        following = self.ns.next_name(inode.parent, inode.name)
-        nxt = self.ns.maybe_get(following[1]) if following else None
+        following = self.st.ns.next_name(inode.parent, inode.name)
+        nxt = self.st.ns.maybe_get(following[1]) if following else None
         if nxt is None or nxt.type != "file" or nxt.dirty or nxt.local_copy:
             return
         for sha, length in nxt.chunks[:NEXT_FILE_CHUNKS]:
-            if not self.cache.ready(sha) and not self.cache.fetching(sha):
-                self.nursery.start_soon(self._readahead, sha, length)
+            if not self.st.cache.ready(sha) and not self.st.cache.fetching(sha):
+                self.st.nursery.start_soon(self._readahead, sha, length)
 
-    async def _read_chunks(self, chunks: list, total: int, offset: int, size: int,
+    async def _read_chunks(self, chunks: ChunkMap, total: int, offset: int, size: int,
                            window: int = 1) -> bytes:
         end = min(offset + size, total)
         if offset >= end:
             return b""
-        wanted = []
-        pos = 0
-        for index, (sha, length) in enumerate(chunks):
-            if pos + length > offset and pos < end:
-                wanted.append((pos, sha, length, index))
-            pos += length
-            if pos >= end:
-                break
+        wanted = chunks.covering(offset, end)
         for _, sha, _, _ in wanted:
-            self.cache.pin(sha)
+            self.st.cache.pin(sha)
         try:
             if len(wanted) == 1:
-                await self.cache.ensure(wanted[0][1], wanted[0][2])
+                await self.st.cache.ensure(wanted[0][1], wanted[0][2])
             else:
                 async with trio.open_nursery() as nursery:
                     for _, sha, length, _ in wanted:
-                        nursery.start_soon(self.cache.ensure, sha, length)
+                        nursery.start_soon(self.st.cache.ensure, sha, length)
             last_index = wanted[-1][3]
-            for sha, length in chunks[last_index + 1:last_index + 1 + window]:
-                if not self.cache.ready(sha) and not self.cache.fetching(sha):
-                    self.nursery.start_soon(self._readahead, sha, length)
+            for sha, length in chunks.following(last_index, window):
+                if not self.st.cache.ready(sha) and not self.st.cache.fetching(sha):
+                    self.st.nursery.start_soon(self._readahead, sha, length)
             parts = []
             for pos, sha, length, _ in wanted:
                 lo = max(offset, pos) - pos
                 hi = min(end, pos + length) - pos
-                parts.append(await self.cache.read(sha, length, lo, hi - lo))
+                parts.append(await self.st.cache.read(sha, length, lo, hi - lo))
             return b"".join(parts)
         finally:
             for _, sha, _, _ in wanted:
-                self.cache.unpin(sha)
+                self.st.cache.unpin(sha)
 
     async def _readahead(self, sha: str, length: int) -> None:
         try:
-            await self.cache.ensure(sha, length)
+            await self.st.cache.ensure(sha, length)
         except Exception as exc:  # a reader that needs it will see the error
             log.debug("read-ahead of %s failed: %s", sha[:12], exc)
 
     def _evict_local_copy(self, ino: int) -> bool:
-        inode = self.ns.maybe_get(ino)
+        inode = self.st.ns.maybe_get(ino)
         if inode is None:
             return True
-        if inode.dirty or self._is_open(ino) or ino in self.queue.queued:
+        if inode.dirty or self.st._is_open(ino) or ino in self.st.queue.queued:
             return False
         inode.local_copy = False
-        self.ns.save(inode)
-        self._drop_version_if_unused(ino, inode.ver)
+        self.st.ns.save(inode)
+        self.st._drop_version_if_unused(ino, inode.ver)
         return True
 
     async def warm(self, inode: Inode, on_bytes: Callable[[int], None]) -> None:
@@ -143,7 +151,7 @@ class ReadPath:
 
         async def one(sha: str, length: int) -> None:
             try:
-                await self.cache.ensure(sha, length)
+                await self.st.cache.ensure(sha, length)
                 on_bytes(length)
             except Exception as exc:  # reported per file by the caller
                 errors.append(exc)

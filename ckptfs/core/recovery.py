@@ -7,11 +7,31 @@ import logging
 
 
 
+from .state import CoreState
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+    from .read import ReadPath
+    from .publish import Publish
+    from .seal import Seal
+    from .rename import Rename
+
+
 log = logging.getLogger(__name__)
 
 
 class Recovery:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Mount-time recovery and journal replay; no state of its own."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO, reads: ReadPath,
+                 publisher: Publish, seals: Seal, renames: Rename) -> None:
+        self.st = st
+        self.entries = entries
+        self.reads = reads
+        self.publisher = publisher
+        self.seals = seals
+        self.renames = renames
 
     # ------------------------------------------------------------------ recovery
 
@@ -21,71 +41,71 @@ class Recovery:
         A working version that was open for writing when the daemon stopped was never
         closed: it is abandoned (kept under ``abandoned/``), and a name that had no
         closed version at all goes, so nothing unclosed can be published later."""
-        self.cache.evict_local = self._evict_local_copy
+        self.st.cache.evict_local = self.reads._evict_local_copy
         closed: set[tuple[int, int]] = set()
-        for inode in self.ns.all_inodes():
+        for inode in self.st.ns.all_inodes():
             if inode.type != "file":
                 continue
             if inode.dirty or inode.local_copy:
-                if self.staging.exists(inode.ino, inode.ver):
+                if self.st.staging.exists(inode.ino, inode.ver):
                     closed.add((inode.ino, inode.ver))
                     if not inode.dirty:
-                        self.cache.track_local(inode.ino,
-                                               self.staging.size(inode.ino, inode.ver))
-                    self._restore_size(inode)
+                        self.st.cache.track_local(inode.ino,
+                                               self.st.staging.size(inode.ino, inode.ver))
+                    self.publisher._restore_size(inode)
                     continue
                 if inode.dirty:
                     log.error("closed version of %s is missing from staging",
-                              self._path_for_log(inode))
+                              self.st._path_for_log(inode))
                 inode.dirty = inode.local_copy = False
             if not inode.published and inode.parent:
                 log.warning("%s was open for writing when the daemon stopped and never "
-                            "closed: removed", self._path_for_log(inode))
-                self.ns.unlink(inode, all_names=True)
-            self._restore_size(inode)
-        for ino, ver in self.staging.versions():
+                            "closed: removed", self.st._path_for_log(inode))
+                self.st.ns.unlink(inode, all_names=True)
+            self.publisher._restore_size(inode)
+        for ino, ver in self.st.staging.versions():
             if (ino, ver) not in closed:
-                kept = self.staging.abandon(ino, ver)
+                kept = self.st.staging.abandon(ino, ver)
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
-        self._recovered.set()
+        self.st._recovered.set()
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""
-        self._restore_held_pointers()
-        self._release_pointers()
-        for ino, epoch in self.ns.publish_pending().items():
-            inode = self.ns.maybe_get(ino)
+        self.seals._restore_held_pointers()
+        self.seals._release_pointers()
+        for ino, epoch in self.st.ns.publish_pending().items():
+            inode = self.st.ns.maybe_get(ino)
             if inode is None or not inode.dirty or \
-                    not self.staging.exists(inode.ino, inode.ver):
-                self.ns.publish_pending_done(ino)
+                    not self.st.staging.exists(inode.ino, inode.ver):
+                self.st.ns.publish_pending_done(ino)
                 continue
-            self._publish_epoch[ino] = epoch
-            self.queue.submit(ino)
-        for seq, record in self.ns.journal():
+            self.st._publish_epoch[ino] = epoch
+            self.st.queue.submit(ino)
+        for seq, record in self.st.ns.journal():
             op = record.get("op")
             if op == "rename":
-                await self._store(self.store.put, record["put"], record["body"].encode())
+                await self.entries._store(self.st.store.put, record["put"], record["body"].encode())
                 if record.get("claim"):
-                    await self._delete_claimed(record["delete"], record["claim"])
+                    await self.renames._delete_claimed(record["delete"], record["claim"])
                 else:
-                    await self._store(self.store.delete, record["delete"])
-                self.ns.journal_done(seq)
+                    await self.entries._store(self.st.store.delete, record["delete"])
+                self.st.ns.journal_done(seq)
                 log.info("finished an interrupted rename to %s", record["put"])
             elif op == "exchange":
-                await self._finish_exchange(record["steps"])
-                self.ns.journal_done(seq)
+                await self.renames._finish_exchange(record["steps"])
+                self.st.ns.journal_done(seq)
                 log.info("finished an interrupted exchange")
             elif op == "meta":
                 continue   # async mode's metadata log: its own worker replays it
             elif op == "publish":   # written by versions before the pending index
-                self.ns.journal_done(seq)
-                inode = self.ns.maybe_get(record["ino"])
+                self.st.ns.journal_done(seq)
+                inode = self.st.ns.maybe_get(record["ino"])
                 if inode is not None and inode.dirty and \
-                        self.staging.exists(inode.ino, inode.ver):
-                    self.ns.publish_pending_add(inode.ino)
-                    self.queue.submit(inode.ino)
+                        self.st.staging.exists(inode.ino, inode.ver):
+                    self.st.ns.publish_pending_add(inode.ino)
+                    self.st.queue.submit(inode.ino)
             else:
                 log.error("unknown journal record %r dropped", record)
-                self.ns.journal_done(seq)
+                self.st.ns.journal_done(seq)

@@ -14,11 +14,33 @@ from ..meta.namespace import ROOT_INO, Inode
 from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, entry_key, inode_key)
 from ..store import NotFound
 
+from .critical import no_await
+from .state import CoreState, dir_id_of
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+
+
 log = logging.getLogger(__name__)
 
 
 class Refresh:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Merging store listings into the namespace.  Owns the refreshes under way, their
+    failures and start times, whether answers come from stale metadata, and the names
+    whose store entry is corrupt."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO,
+                 delete_inode: Callable[[Inode], None]) -> None:
+        self.st = st
+        self.entries = entries
+        self.delete_inode = delete_inode
+        self._refreshing: dict[int, trio.Event] = {}
+        self._refresh_failed: dict[int, FsError] = {}
+        self._refresh_started: dict[int, float] = {}
+        self._serving_stale = False
+        self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
 
     # ------------------------------------------------------------------ remote listing
 
@@ -30,10 +52,10 @@ class Refresh:
         the node knows (said once in the log) while the refresh finishes in the
         background.  A directory never listed, or a ``force`` refresh (rmdir, rename
         over a directory), waits for the store and fails with its error."""
-        inode = self._dir(ino)
-        if not force and time.time() - inode.listed_at < self.config.metadata_ttl:
+        inode = self.st._dir(ino)
+        if not force and time.time() - inode.listed_at < self.st.config.metadata_ttl:
             return
-        if self.oplog.is_busy(ino) or (not inode.published and ino != ROOT_INO):
+        if self.st.oplog.is_busy(ino) or (not inode.published and ino != ROOT_INO):
             # Changes of this node are on their way to the store (oplog.py), or the
             # directory is not there yet: this node's view is the newer one.
             return
@@ -41,7 +63,7 @@ class Refresh:
         if event is None:
             event = self._refreshing[ino] = trio.Event()
             self._refresh_started[ino] = trio.current_time()
-            self.nursery.start_soon(self._refresh_in_background, ino, event)
+            self.st.nursery.start_soon(self._refresh_in_background, ino, event)
         if force or not inode.listed_at:
             await event.wait()
             error = self._refresh_failed.get(ino)
@@ -51,17 +73,17 @@ class Refresh:
         # One wait per slow listing, not one per request: once a refresh has been
         # pending for ``stale_wait``, later requests answer at once.
         waited = trio.current_time() - self._refresh_started.get(ino, trio.current_time())
-        with trio.move_on_after(max(0.0, self.config.stale_wait - waited)):
+        with trio.move_on_after(max(0.0, self.st.config.stale_wait - waited)):
             await event.wait()
             return
         if not self._serving_stale:
             log.warning("the store is slow to list %s: answering from this node's metadata "
-                        "(said once)", self._path_for_log(inode))
+                        "(said once)", self.st._path_for_log(inode))
         self._serving_stale = True
 
     async def _refresh_in_background(self, ino: int, event: trio.Event) -> None:
         try:
-            inode = self.ns.maybe_get(ino)
+            inode = self.st.ns.maybe_get(ino)
             if inode is not None and inode.type == "dir":
                 await self._refresh_dir(inode)
             self._refresh_failed.pop(ino, None)
@@ -81,24 +103,24 @@ class Refresh:
     async def _refresh_dir(self, dir_inode: Inode) -> None:
         """List, fetch what is new or changed, then apply with no ``await``."""
         started = time.time()
-        mutations = self.dir_marks.changes(dir_inode.ino)
+        mutations = self.st.dir_marks.changes(dir_inode.ino)
         remote = await self._list_names(dir_inode)
         fetched, corrupt = await self._fetch_changed(dir_inode, remote)
         # Apply: no await from here on.
-        dir_inode = self.ns.get(dir_inode.ino)
+        dir_inode = self.st.ns.get(dir_inode.ino)
         if not dir_inode.parent and dir_inode.ino != ROOT_INO:
             return
-        changed_locally = (self.dir_marks.changes(dir_inode.ino) != mutations
-                           or self.dir_marks.is_busy(dir_inode.ino))
+        changed_locally = (self.st.dir_marks.changes(dir_inode.ino) != mutations
+                           or self.st.dir_marks.is_busy(dir_inode.ino))
         self._apply_listing(dir_inode, remote, fetched, corrupt, changed_locally)
         self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
-        self.ns.save(dir_inode)
+        self.st.ns.save(dir_inode)
 
     async def _list_names(self, dir_inode: Inode) -> dict[bytes, tuple[str, str]]:
         """The store's names in a directory: name -> (key, ETag)."""
-        prefix = dir_prefix(dir_inode.dir_id)
-        listing = await self._store(lambda: list(self.store.list(prefix)))
+        prefix = dir_prefix(dir_id_of(dir_inode))
+        listing = await self.entries._store(lambda: list(self.st.store.list(prefix)))
         remote: dict[bytes, tuple[str, str]] = {}
         for obj in listing:
             rest = obj.key[len(prefix):]
@@ -114,11 +136,11 @@ class Refresh:
                              ) -> tuple[dict[bytes, tuple[Entry, str]], set[bytes]]:
         """GET the entries that are new or changed (ETag), links resolved; names whose
         entry is corrupt go to the second set (EIO for them)."""
-        local = dict(self.ns.children(dir_inode.ino))
+        local = dict(self.st.ns.children(dir_inode.ino))
         to_fetch = []
         for name, (key, etag) in remote.items():
             ino = local.get(name)
-            if ino is not None and self.ns.get(ino).remote_etag == etag and etag:
+            if ino is not None and self.st.ns.get(ino).remote_etag == etag and etag:
                 continue
             to_fetch.append((name, key))
         fetched: dict[bytes, tuple[Entry, str]] = {}
@@ -126,7 +148,7 @@ class Refresh:
 
         async def fetch(name: bytes, key: str) -> None:
             try:
-                body, etag = await self._store(self.store.get, key)
+                body, etag = await self.entries._store(self.st.store.get, key)
             except NotFound:
                 return
             except FsError:
@@ -143,11 +165,12 @@ class Refresh:
         await self._resolve_links(fetched, corrupt)
         return fetched, corrupt
 
+    @no_await
     def _apply_listing(self, dir_inode: Inode, remote: dict, fetched: dict, corrupt: set,
                        changed_locally: bool) -> None:
         """The apply phase (plain ``def``: no await between related changes).  A
         directory this node changed meanwhile only gains nothing and loses nothing."""
-        local = dict(self.ns.children(dir_inode.ino))
+        local = dict(self.st.ns.children(dir_inode.ino))
         if not changed_locally:
             self._drop_hostile_dir_ids(dir_inode, fetched, remote, local, corrupt)
         for name, (entry, etag) in fetched.items():
@@ -160,10 +183,10 @@ class Refresh:
                     self._adopt_entry(dir_inode.ino, name, entry, etag)
                     continue
                 # Another name of a hard-linked inode this node knows already.
-                self.ns.add_name(holder, dir_inode.ino, name)
+                self.st.ns.add_name(holder, dir_inode.ino, name)
                 ino = holder.ino
-            inode = self.ns.get(ino)
-            if inode.dirty or self._writers(ino) or changed_locally or not inode.published:
+            inode = self.st.ns.get(ino)
+            if inode.dirty or self.st._writers(ino) or changed_locally or not inode.published:
                 continue
             if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id) \
                     or (inode.link_id != entry.link and
@@ -173,18 +196,19 @@ class Refresh:
                 if holder is None:
                     self._adopt_entry(dir_inode.ino, name, entry, etag)
                     continue
-                self.ns.add_name(holder, dir_inode.ino, name)
+                self.st.ns.add_name(holder, dir_inode.ino, name)
                 inode = holder
                 ino = holder.ino
             self._take_entry(inode, entry, etag)
         if not changed_locally:
             self._forget_vanished(dir_inode, remote, local)
 
+    @no_await
     def _take_entry(self, inode: Inode, entry: Entry, etag: str) -> None:
         """Another node's version of a name this node knows (no await)."""
         ino = inode.ino
         if entry.link and inode.link_id is None:   # another node linked it
-            self.ns.set_link_id(inode, entry.link)
+            self.st.ns.set_link_id(inode, entry.link)
         inode.remote_nlink = entry.nlink if entry.link else 0
         content_changed = inode.chunks != entry.chunks
         inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
@@ -196,20 +220,21 @@ class Refresh:
             inode.size = len(entry.target)
         if content_changed and inode.local_copy:
             inode.local_copy = False
-            self.cache.untrack_local(ino)
-            self._drop_version_if_unused(ino, inode.ver)
-        self.ns.save(inode)
+            self.st.cache.untrack_local(ino)
+            self.st._drop_version_if_unused(ino, inode.ver)
+        self.st.ns.save(inode)
         if content_changed:
-            self.invalidate(ino)
+            self.st.invalidate(ino)
 
+    @no_await
     def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict) -> None:
         """Names gone from the store that this node has no work for (no await)."""
         for name, ino in local.items():
             if name in remote:
                 continue
-            inode = self.ns.get(ino)
-            if inode.published and not inode.dirty and not self._is_open(ino) \
-                    and ino not in self.queue.queued and not self._locked(ino):
+            inode = self.st.ns.get(ino)
+            if inode.published and not inode.dirty and not self.st._is_open(ino) \
+                    and ino not in self.st.queue.queued and not self.st._locked(ino):
                 self._forget_subtree(inode, dir_inode.ino, name)
 
     async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],
@@ -217,13 +242,14 @@ class Refresh:
         """Replace each fetched "link" entry by its shared inode object (one GET per
         object, decision 0008), with the object's ETag.  A link whose object is
         missing or malformed answers EIO for that name."""
-        ids = {entry.link for entry, _ in fetched.values() if entry.type == "link"}
+        ids = {entry.link for entry, _ in fetched.values()
+               if entry.type == "link" and entry.link is not None}   # always set (remote.py)
         objects: dict[str, tuple[Entry, str]] = {}
 
         async def fetch(link_id: str) -> None:
             key = inode_key(link_id)
             try:
-                body, etag = await self._store(self.store.get, key)
+                body, etag = await self.entries._store(self.st.store.get, key)
             except (NotFound, FsError):
                 return
             try:
@@ -250,14 +276,16 @@ class Refresh:
                 corrupt.add(name)
                 del fetched[name]
 
+    @no_await
     def _holder_of(self, entry: Entry) -> Inode | None:
         """The inode this node holds, under another name, for a linked entry."""
         if not entry.link:
             return None
-        ino = self.ns.ino_of_link_id(entry.link)
-        holder = self.ns.maybe_get(ino) if ino is not None else None
+        ino = self.st.ns.ino_of_link_id(entry.link)
+        holder = self.st.ns.maybe_get(ino) if ino is not None else None
         return holder if holder is not None and holder.parent else None
 
+    @no_await
     def _drop_hostile_dir_ids(self, dir_inode: Inode, fetched: dict, remote: dict,
                               local: dict, corrupt: set[bytes]) -> None:
         """Directory ids must form a tree: an entry naming the id of this directory or
@@ -271,7 +299,7 @@ class Refresh:
             ancestors.add(cur.dir_id)
             if cur.ino == ROOT_INO or not cur.parent:
                 break
-            cur = self.ns.get(cur.parent)
+            cur = self.st.ns.get(cur.parent)
         claimed: dict[str, bytes] = {}
         for name in sorted(fetched):
             entry, _ = fetched[name]
@@ -284,29 +312,36 @@ class Refresh:
                 reason = f"has the same directory id as {claimed[entry.id]!r}"
             else:
                 claimed[entry.id] = name
-                holder = self.ns.ino_of_dir_id(entry.id)
-                holder_inode = self.ns.maybe_get(holder) if holder is not None else None
+                holder = self.st.ns.ino_of_dir_id(entry.id)
+                holder_inode = self.st.ns.maybe_get(holder) if holder is not None else None
                 if holder_inode is not None and holder != local.get(name) \
                         and holder_inode.parent:
                     if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
                         # Both names listed: an alias, unless the other one is the
-                        # claimed source of a rename to this name (decision 0006).
+                        # claimed source of a rename to this name (decision 0006), or
+                        # the other name now holds another object (the directory was
+                        # renamed here and its old name made again by another node).
                         other = fetched.get(holder_inode.name)
-                        if other is None or other[0].moving_to != \
-                                entry_key(dir_inode.dir_id, name):
+                        reused = other is not None and (other[0].type != "dir" or
+                                                        other[0].id != entry.id)
+                        if not reused and (other is None or other[0].moving_to !=
+                                           entry_key(dir_id_of(dir_inode), name)):
                             reason = f"has the same directory id as {holder_inode.name!r}"
                     elif holder_inode.parent != dir_inode.ino and \
-                            not self._is_open(holder) and not self.dir_marks.is_busy(holder):
+                            not self.st._is_open(holder_inode.ino) \
+                            and not self.st.dir_marks.is_busy(holder_inode.ino):
                         self._forget_subtree(holder_inode)   # moved here by another node
             if reason is not None:
                 log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
-                          dir_prefix(dir_inode.dir_id), reason)
+                          dir_prefix(dir_id_of(dir_inode)), reason)
                 corrupt.add(name)
                 del fetched[name]
 
+    @no_await
     def _adopt_entry(self, parent: int, name: bytes, entry: Entry, etag: str) -> Inode:
         size = len(entry.target) if entry.target is not None else entry.size
-        return self.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid, entry.gid,
+        return self.st.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid,
+                                    entry.gid,
                                  size=size, chunks=entry.chunks, published=True,
                                  remote_etag=etag, dir_id=entry.id, target=entry.target,
                                  mtime_ns=entry.mtime_ns, rdev=entry.rdev,
@@ -315,20 +350,21 @@ class Refresh:
                                  staged=entry.staged and entry.type == "dir",
                                  sealed_at=entry.sealed_at)
 
+    @no_await
     def _forget_subtree(self, inode: Inode, parent: int | None = None,
                         name: bytes | None = None) -> None:
         """Drop a name that vanished from the store (another node removed it); by
         default the inode's first name.  What this node still has work for (dirty,
         open, queued, locked) stays; a hard-linked inode stays while it has a name."""
         if inode.type == "dir":
-            for child_name, child in self.ns.children(inode.ino):
-                child_inode = self.ns.get(child)
-                if child_inode.dirty or self._is_open(child) or child in self.queue.queued:
+            for child_name, child in self.st.ns.children(inode.ino):
+                child_inode = self.st.ns.get(child)
+                if child_inode.dirty or self.st._is_open(child) or child in self.st.queue.queued:
                     continue
                 self._forget_subtree(child_inode, inode.ino, child_name)
         if parent is None:
             parent, name = inode.parent, inode.name
-        self.ns.unlink(inode, parent, name)
-        if not inode.parent and not self._is_open(inode.ino):
-            self._delete_inode(inode)
-        self.invalidate(inode.ino)
+        self.st.ns.unlink(inode, parent, name)
+        if not inode.parent and not self.st._is_open(inode.ino):
+            self.delete_inode(inode)
+        self.st.invalidate(inode.ino)

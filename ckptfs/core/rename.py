@@ -15,18 +15,38 @@ from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
 from ..format.remote import (Entry, entry_key)
 from ..store import PreconditionFailed
-from .state import (RENAME_EXCHANGE, RENAME_NOREPLACE)
+from .critical import no_await
+from .state import RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+    from .names import Names
+    from .refresh import Refresh
+    from .seal import Seal
+    from .publish import Publish
+
 
 log = logging.getLogger(__name__)
 
 
 class Rename:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Renames and exchanges; no state of its own."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO, names: Names, refresher: Refresh,
+                 seals: Seal, publisher: Publish) -> None:
+        self.st = st
+        self.entries = entries
+        self.names = names
+        self.refresher = refresher
+        self.seals = seals
+        self.publisher = publisher
 
     # ------------------------------------------------------------------ rename
 
-    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int,
+                     new_name: bytes,
                      flags: int) -> None:
         if flags & RENAME_EXCHANGE:
             if flags & RENAME_NOREPLACE:
@@ -34,12 +54,12 @@ class Rename:
             await self._exchange(old_parent, old_name, new_parent, new_name)
             return
         check_name_or_raise(new_name)
-        inode = await self.lookup(old_parent, old_name)
-        new_dir = self._dir(new_parent)
-        await self.refresh_dir(new_parent)
+        inode = await self.names.lookup(old_parent, old_name)
+        new_dir = self.st._dir(new_parent)
+        await self.refresher.refresh_dir(new_parent)
         self._refuse_move_into_itself(inode, new_parent)
-        target_ino = self.ns.lookup(new_parent, new_name)
-        target = self.ns.get(target_ino) if target_ino is not None else None
+        target_ino = self.st.ns.lookup(new_parent, new_name)
+        target = self.st.ns.get(target_ino) if target_ino is not None else None
         if target is not None:
             if target.ino == inode.ino:
                 return
@@ -50,31 +70,31 @@ class Rename:
             if inode.type != "dir" and target.type == "dir":
                 raise FsError(errno.EISDIR)
             if target.type == "dir":
-                await self.refresh_dir(target.ino, force=not self._deferred())
-                if self.ns.has_children(target.ino):
+                await self.refresher.refresh_dir(target.ino, force=not self.st._deferred())
+                if self.st.ns.has_children(target.ino):
                     raise FsError(errno.ENOTEMPTY)
-        if self._deferred() and not inode.link_id and \
+        if self.st._deferred() and not inode.link_id and \
                 not (target is not None and target.link_id):
             await self._rename_local(inode, old_parent, old_name, new_parent, new_name)
             return
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
-            await self._wait_uploads_under(inode.ino)
+            await self.seals._wait_uploads_under(inode.ino)
         # Renaming a staged directory seals it, unless other nodes still write below it
         # (leases): then it moves, stays staged, and its seal is pending (0004).
-        seals = inode.type != "dir" or not inode.staged or await self.leases.may_seal(inode.ino)
+        seals = inode.type != "dir" or not inode.staged or await self.st.leases.may_seal(inode.ino)
         # A listing of either directory applied while the two store steps are under way
         # would see the old name gone and forget it: mark both busy until the move.
-        with self.dir_marks.busy({old_parent, new_parent}):
+        with self.st.dir_marks.busy({old_parent, new_parent}):
             await self._rename_locked(inode, new_dir, new_parent, new_name, target, seals,
                                       old=(old_parent, old_name))
-        self._drop_rt(inode.ino)
+        self.st._drop_rt(inode.ino)
         # A completion mark written as a temp file and renamed into place (DCP's
         # .metadata) seals like a mark closed in place.
         if inode.type == "file" and not inode.dirty:
-            await self._seals_after_close(inode, wait=True)
-        elif inode.type == "file" and not self._writers(inode.ino):
-            self._seals_after_close(inode, wait=False)
+            await self.seals._seals_after_close(inode, wait=True)
+        elif inode.type == "file" and not self.st._writers(inode.ino):
+            self.seals._seals_after_close(inode, wait=False)
 
     async def _rename_local(self, inode: Inode, old_parent: int, old_name: bytes,
                             new_parent: int, new_name: bytes) -> None:
@@ -82,79 +102,80 @@ class Rename:
         store follows in log order (``_exec_move``), after the uploads below a renamed
         directory, so other nodes see the tree complete under its new name.  Renaming a
         staged directory seals it there, when the cluster allows (leases)."""
-        target_ino = self.ns.lookup(new_parent, new_name)
+        target_ino = self.st.ns.lookup(new_parent, new_name)
         # The moved inode needs no lock: its record is applied after whatever store step
         # of it is in flight, and looks at the store then.  The replaced one's publish
         # in flight lands first, so the record knows to delete it.
         inos = [target_ino] if target_ino is not None and target_ino != inode.ino else []
         async with AsyncExitStack() as locks:
             for ino in inos:
-                await locks.enter_async_context(self._rt(ino).lock)
-            inode = self.ns.get(inode.ino)
-            if not inode.parent or self.ns.lookup(old_parent, old_name) != inode.ino:
+                await locks.enter_async_context(self.st._rt(ino).lock)
+            inode = self.st.ns.get(inode.ino)
+            if not inode.parent or self.st.ns.lookup(old_parent, old_name) != inode.ino:
                 raise FsError.enoent("removed while renaming")
-            if self.ns.lookup(new_parent, new_name) != target_ino:
+            if self.st.ns.lookup(new_parent, new_name) != target_ino:
                 raise FsError(errno.EAGAIN, "the target changed while renaming")
-            old_dir, new_dir = self.ns.get(old_parent), self._dir(new_parent)
+            old_dir, new_dir = self.st.ns.get(old_parent), self.st._dir(new_parent)
             record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
                       "name": old_name.hex(), "to_id": new_dir.dir_id,
                       "to_name": new_name.hex(), "type": inode.type,
                       "seals": inode.type == "dir" and inode.staged,
-                      **self._identity(inode), "replaced": None}
+                      **self.entries._identity(inode), "replaced": None}
             self._release_held(inode, old_dir, old_name)
-            target_ino = self.ns.lookup(new_parent, new_name)
+            target_ino = self.st.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
-                replaced = self.ns.get(target_ino)
+                replaced = self.st.ns.get(target_ino)
                 if replaced.published and self._never_closed(inode):
                     self._hold(inode, new_dir, new_name, replaced)
                 elif replaced.published:
-                    record["replaced"] = self._identity(replaced)
-                self.ns.unlink(replaced, new_parent, new_name)
-                if not replaced.parent and not self._is_open(replaced.ino):
-                    self._delete_inode(replaced)
-            self._touch_dir(old_parent)
-            self._touch_dir(new_parent)
-            self.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
-            self._mark_parent_changed(old_dir)
+                    record["replaced"] = self.entries._identity(replaced)
+                self.st.ns.unlink(replaced, new_parent, new_name)
+                if not replaced.parent and not self.st._is_open(replaced.ino):
+                    self.publisher._delete_inode(replaced)
+            self.st._touch_dir(old_parent)
+            self.st._touch_dir(new_parent)
+            self.st.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
+            self.names._mark_parent_changed(old_dir)
             if new_parent != old_parent:
-                self._mark_parent_changed(self.ns.get(new_parent))
-            seq = self.oplog.add(record, dirs=[old_parent, new_parent])
-            if inode.ino in self.queue.queued:
+                self.names._mark_parent_changed(self.st.ns.get(new_parent))
+            seq = self.st.oplog.add(record, dirs=[old_parent, new_parent])
+            if inode.ino in self.st.queue.queued:
                 # Its pending publish writes the entry under the name it has then: not
                 # before the store has moved it there (a publish under the new name
                 # first would leave the move no source, or move an older version over
                 # the newer one).
-                self._publish_epoch[inode.ino] = seq
-                self.ns.publish_pending_add(inode.ino, seq)
+                self.st._publish_epoch[inode.ino] = seq
+                self.st.ns.publish_pending_add(inode.ino, seq)
+                self.st.queue.changed()     # records waiting for its older epoch look again
         for ino in inos + [inode.ino]:
-            self._drop_rt(ino)
-        await self._sync_journal()
-        if inode.type == "file" and not self._writers(inode.ino):
-            self._seals_after_close(inode, wait=False)
+            self.st._drop_rt(ino)
+        await self.st._sync_journal()
+        if inode.type == "file" and not self.st._writers(inode.ino):
+            self.seals._seals_after_close(inode, wait=False)
 
     # ------------------------------------------------------------------ held entries
 
     def _never_closed(self, inode: Inode) -> bool:
         """A file being written that has no closed version anywhere yet."""
         return inode.type == "file" and not inode.published and not inode.dirty \
-            and inode.ino not in self.queue.queued
+            and inode.ino not in self.st.queue.queued
 
     def _hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
         """Renamed over ``replaced`` with no closed version: the store keeps the
         replaced entry under that name until this file's closed version lands there
         (DESIGN.md promise 2: a name changes only when a closed version lands)."""
         inode.held = [h for h in inode.held if h[:2] != [new_dir.dir_id, new_name.hex()]]
-        inode.held.append([new_dir.dir_id, new_name.hex(),
-                           self._identity(replaced)["ident"]])
-        self.ns.save(inode)
+        inode.held.append([dir_id_of(new_dir), new_name.hex(),
+                           self.entries._identity(replaced)["ident"]])
+        self.st.ns.save(inode)
 
     def _take_held(self, inode: Inode, parent: Inode, name: bytes) -> str | None:
         """The identity of the entry ``inode`` holds under ``parent/name`` (forgotten
         here), or None."""
         for held in inode.held:
-            if self.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
+            if self.st.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
                 inode.held.remove(held)
-                self.ns.save(inode)
+                self.st.ns.save(inode)
                 return held[2]
         return None
 
@@ -163,14 +184,14 @@ class Rename:
         it held goes too, in log order."""
         ident = self._take_held(inode, parent, name)
         if ident is not None:
-            self.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+            self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
                             "name": name.hex(), "ident": ident}, dirs=[parent.ino])
 
     async def _delete_held(self, inode: Inode, parent: Inode, name: bytes) -> None:
         """Sync: as ``_release_held``, at once."""
         ident = self._take_held(inode, parent, name)
         if ident is not None:
-            await self._delete_if_same(entry_key(parent.dir_id, name), ident)
+            await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
 
     def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
         if moving.type != "dir":
@@ -179,34 +200,34 @@ class Rename:
         while ancestor != ROOT_INO:
             if ancestor == moving.ino:
                 raise FsError(errno.EINVAL, "cannot move a directory into itself")
-            ancestor = self.ns.get(ancestor).parent
+            ancestor = self.st.ns.get(ancestor).parent
 
     async def _exchange(self, a_parent: int, a_name: bytes, b_parent: int,
                         b_name: bytes) -> None:
         """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
         claimed as in a rename (decision 0006), the swap is journaled, then each key
         gets the other's entry (If-Match its claim)."""
-        a = await self.lookup(a_parent, a_name)
-        b = await self.lookup(b_parent, b_name)
-        self._dir(a_parent)
-        self._dir(b_parent)
+        a = await self.names.lookup(a_parent, a_name)
+        b = await self.names.lookup(b_parent, b_name)
+        self.st._dir(a_parent)
+        self.st._dir(b_parent)
         if a.ino == b.ino:
             return
         self._refuse_move_into_itself(a, b_parent)
         self._refuse_move_into_itself(b, a_parent)
         for inode in (a, b):
             if inode.type == "dir":
-                await self._wait_uploads_under(inode.ino)
-        with self.dir_marks.busy({a_parent, b_parent}):
+                await self.seals._wait_uploads_under(inode.ino)
+        with self.st.dir_marks.busy({a_parent, b_parent}):
             async with AsyncExitStack() as locks:
                 for ino in sorted((a.ino, b.ino)):
-                    await locks.enter_async_context(self._rt(ino).lock)
-                a, b = self.ns.get(a.ino), self.ns.get(b.ino)
-                if self.ns.lookup(a_parent, a_name) != a.ino or \
-                        self.ns.lookup(b_parent, b_name) != b.ino:
+                    await locks.enter_async_context(self.st._rt(ino).lock)
+                a, b = self.st.ns.get(a.ino), self.st.ns.get(b.ino)
+                if self.st.ns.lookup(a_parent, a_name) != a.ino or \
+                        self.st.ns.lookup(b_parent, b_name) != b.ino:
                     raise FsError.enoent("changed while exchanging")
-                key_a = entry_key(self.ns.get(a_parent).dir_id, a_name)
-                key_b = entry_key(self.ns.get(b_parent).dir_id, b_name)
+                key_a = entry_key(dir_id_of(self.st.ns.get(a_parent)), a_name)
+                key_b = entry_key(dir_id_of(self.st.ns.get(b_parent)), b_name)
                 a_remote = a.published and not a.links_pending
                 b_remote = b.published and not b.links_pending
                 claim_a = await self._claim(a, key_a, key_b) if a_remote else None
@@ -215,27 +236,27 @@ class Rename:
                 except BaseException:
                     if claim_a is not None:   # give the first name back its entry
                         with trio.CancelScope(shield=True):
-                            await self._put_quietly(key_a, self._entry_of(a), claim_a)
+                            await self._put_quietly(key_a, self.entries._entry_of(a), claim_a)
                     raise
-                steps = [(key_b, self._entry_of(a).to_json().decode() if a_remote
+                steps = [(key_b, self.entries._entry_of(a).to_json().decode() if a_remote
                           else None, claim_b),
-                         (key_a, self._entry_of(b).to_json().decode() if b_remote
+                         (key_a, self.entries._entry_of(b).to_json().decode() if b_remote
                           else None, claim_a)]
-                seq = self.ns.journal_add({"op": "exchange", "steps": steps})
-                await self._sync_journal()
+                seq = self.st.ns.journal_add({"op": "exchange", "steps": steps})
+                await self.st._sync_journal()
                 await self._finish_exchange(steps)
-                self.ns.journal_done(seq)
-                self.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
+                self.st.ns.journal_done(seq)
+                self.st.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
                 for ino in (a.ino, b.ino):
-                    inode = self.ns.get(ino)
+                    inode = self.st.ns.get(ino)
                     if inode.published and not inode.link_id:
                         inode.remote_etag = None   # read again before the next rewrite
-                        self.ns.save(inode)
-                self._mark_parent_changed(self.ns.get(a_parent))
+                        self.st.ns.save(inode)
+                self.names._mark_parent_changed(self.st.ns.get(a_parent))
                 if b_parent != a_parent:
-                    self._mark_parent_changed(self.ns.get(b_parent))
-        self._drop_rt(a.ino)
-        self._drop_rt(b.ino)
+                    self.names._mark_parent_changed(self.st.ns.get(b_parent))
+        self.st._drop_rt(a.ino)
+        self.st._drop_rt(b.ino)
 
     async def _finish_exchange(self, steps: list) -> None:
         """Write each key's new entry (or delete it when its new object was never
@@ -243,10 +264,10 @@ class Rename:
         for key, body, claim in steps:
             try:
                 if body is not None:
-                    await self._store(functools.partial(self.store.put, key, body.encode(),
+                    await self.entries._store(functools.partial(self.st.store.put, key, body.encode(),
                                                         if_match=claim))
                 elif claim is not None:
-                    await self._store(functools.partial(self.store.delete, key,
+                    await self.entries._store(functools.partial(self.st.store.delete, key,
                                                         if_match=claim))
             except PreconditionFailed:
                 log.warning("%s was written again by another node during an exchange: "
@@ -254,7 +275,7 @@ class Rename:
 
     async def _put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
         try:
-            await self._store(functools.partial(self.store.put, key, entry.to_json(),
+            await self.entries._store(functools.partial(self.st.store.put, key, entry.to_json(),
                                                 if_match=if_match))
         except (FsError, PreconditionFailed) as exc:
             log.warning("could not release the claim on %s (%s): it expires", key, exc)
@@ -268,44 +289,52 @@ class Rename:
         inos = sorted({inode.ino} | ({target.ino} if target is not None else set()))
         async with AsyncExitStack() as locks:
             for ino in inos:
-                await locks.enter_async_context(self._rt(ino).lock)
-            inode = self.ns.get(inode.ino)
+                await locks.enter_async_context(self.st._rt(ino).lock)
+            inode = self.st.ns.get(inode.ino)
             old = old or (inode.parent, inode.name)
-            if not inode.parent or self.ns.lookup(*old) != inode.ino:
+            if not inode.parent or self.st.ns.lookup(*old) != inode.ino:
                 raise FsError.enoent("removed while renaming")
-            old_dir = self.ns.get(old[0])
-            old_key = entry_key(old_dir.dir_id, old[1])
-            new_key = entry_key(new_dir.dir_id, new_name)
-            target_remote = target is not None and target.published and \
-                not target.links_pending
+            old_dir = self.st.ns.get(old[0])
+            old_key = entry_key(dir_id_of(old_dir), old[1])
+            new_key = entry_key(dir_id_of(new_dir), new_name)
+            remote = target if target is not None and target.published and \
+                not target.links_pending else None     # a replaced name the store has
             if inode.published and not inode.links_pending:
                 await self._move_entry(inode, old_key, new_key, seals)
             else:
                 await self._delete_held(inode, old_dir, old[1])
-                if target_remote and self._never_closed(inode) and not target.link_id:
+                if remote is not None and self._never_closed(inode) and not remote.link_id:
                     # No closed version yet: the name keeps its entry until one lands.
-                    self._hold(inode, new_dir, new_name, target)
-                elif target_remote:
-                    await self._store(self.store.delete, new_key)
-            if target_remote and target.link_id:
+                    self._hold(inode, new_dir, new_name, remote)
+                elif remote is not None:
+                    await self.entries._store(self.st.store.delete, new_key)
+            if remote is not None and remote.link_id:
                 # The replaced name was one link of a shared inode: count it out.
-                await self._change_nlink(self.ns.get(target.ino), -1)
-            sealed_here = inode.staged and seals and inode.type == "dir"
-            inode.staged = inode.staged and not seals  # a rename seals a staged directory
-            target_ino = self.ns.lookup(new_parent, new_name)
-            if target_ino is not None and target_ino != inode.ino:
-                replaced = self.ns.get(target_ino)
-                self.ns.unlink(replaced, new_parent, new_name)
-                if not replaced.parent and not self._is_open(replaced.ino):
-                    self._delete_inode(replaced)
-            self.ns.move(inode, new_parent, new_name, old=old)
-            self._mark_parent_changed(old_dir)
-            if new_parent != old_dir.ino:
-                self._mark_parent_changed(self.ns.get(new_parent))
+                await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
+            sealed_here = self._move_locally(inode, old_dir, old, new_parent, new_name, seals)
         if target is not None:
-            self._drop_rt(target.ino)
+            self.st._drop_rt(target.ino)
         if sealed_here:
-            self._sealed(inode)       # pointers waiting for it, retention
+            self.seals._sealed(inode)       # pointers waiting for it, retention
+
+    @no_await
+    def _move_locally(self, inode: Inode, old_dir: Inode, old: tuple[int, bytes],
+                      new_parent: int, new_name: bytes, seals: bool) -> bool:
+        """After the store steps, under the locks: the namespace move (replacing the
+        target), in one step.  True when it sealed a staged directory."""
+        sealed_here = inode.staged and seals and inode.type == "dir"
+        inode.staged = inode.staged and not seals  # a rename seals a staged directory
+        target_ino = self.st.ns.lookup(new_parent, new_name)
+        if target_ino is not None and target_ino != inode.ino:
+            replaced = self.st.ns.get(target_ino)
+            self.st.ns.unlink(replaced, new_parent, new_name)
+            if not replaced.parent and not self.st._is_open(replaced.ino):
+                self.publisher._delete_inode(replaced)
+        self.st.ns.move(inode, new_parent, new_name, old=old)
+        self.names._mark_parent_changed(old_dir)
+        if new_parent != old_dir.ino:
+            self.names._mark_parent_changed(self.st.ns.get(new_parent))
+        return sealed_here
 
     async def _move_entry(self, inode: Inode, old_key: str, new_key: str,
                           seals: bool = True) -> None:
@@ -317,21 +346,21 @@ class Rename:
         claim_etag = await self._claim(inode, old_key, new_key)
         if seals and inode.staged and inode.type == "dir":
             inode.sealed_at = time.time()       # retention orders by seal time
-        moved = self._entry_of(inode)
+        moved = self.entries._entry_of(inode)
         moved.staged = moved.staged and not seals
         body = moved.to_json()
         # Journal the rest: a crash from here on is finished on restart, so a reader may
         # briefly see both names, never neither.
-        seq = self.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
+        seq = self.st.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
                                    "delete": old_key, "claim": claim_etag})
-        await self._sync_journal()
+        await self.st._sync_journal()
         try:
-            new_etag = await self._store(self.store.put, new_key, body)
+            new_etag = await self.entries._store(self.st.store.put, new_key, body)
         except BaseException:
-            self.ns.journal_done(seq)  # the claim expires; the old name stays valid
+            self.st.ns.journal_done(seq)  # the claim expires; the old name stays valid
             raise
         await self._delete_claimed(old_key, claim_etag)
-        self.ns.journal_done(seq)
+        self.st.ns.journal_done(seq)
         if not inode.link_id:   # a linked inode's ETag is its inode object's
             inode.remote_etag = new_etag
 
@@ -340,16 +369,16 @@ class Rename:
         version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
         claim's ETag."""
         for _ in range(8):
-            entry, etag = await self._current_entry(inode, old_key)
-            if entry.claim_is_live(time.time(), self.config.rename_claim_ttl):
+            entry, etag = await self.entries._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
                 raise FsError.enoent(f"{old_key} is being renamed by another node")
             if not inode.link_id:
-                self._adopt_newer(inode, entry, etag)
-            claim = self._entry_of(inode)
+                self.entries._adopt_newer(inode, entry, etag)
+            claim = self.entries._entry_of(inode)
             claim.moving_to, claim.moving_at = new_key, time.time()
             try:
-                return await self._store(
-                    functools.partial(self.store.put, old_key, claim.to_json(),
+                return await self.entries._store(
+                    functools.partial(self.st.store.put, old_key, claim.to_json(),
                                       if_match=etag))
             except PreconditionFailed:
                 continue  # changed under us: read it again
@@ -357,7 +386,7 @@ class Rename:
 
     async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
         try:
-            await self._store(functools.partial(self.store.delete, old_key,
+            await self.entries._store(functools.partial(self.st.store.delete, old_key,
                                                 if_match=claim_etag))
         except PreconditionFailed:
             log.info("%s was written again by another node during a rename: that newer "

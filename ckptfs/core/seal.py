@@ -13,11 +13,27 @@ import trio
 from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
 
+from .state import CoreState
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+    from .refresh import Refresh
+
+
 log = logging.getLogger(__name__)
 
 
 class Seal:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Seals and held pointers; no state of its own (the held pointers are shared)."""
+
+    def __init__(self, st: CoreState, *, entries: EntryIO, refresher: Refresh,
+                 journal_publish: Callable[[Inode], None]) -> None:
+        self.st = st
+        self.entries = entries
+        self.refresher = refresher
+        self.journal_publish = journal_publish
 
     # A pointer file (`latest`, a Ray snapshot, ...) naming a checkpoint directory whose
     # seal is still pending (another node's writers hold leases on it) is held back: a
@@ -27,35 +43,35 @@ class Seal:
     def _hold_pointer(self, inode: Inode) -> None:
         targets = {t for t in self._seal_targets(inode) if t != inode.parent}
         if targets:
-            self._held_pointers[inode.ino] = targets
+            self.st._held_pointers[inode.ino] = targets
             self._persist_held_pointers()
 
     def _release_pointers(self) -> None:
         released = []
-        for ptr, targets in list(self._held_pointers.items()):
+        for ptr, targets in list(self.st._held_pointers.items()):
             for t in list(targets):
-                target = self.ns.maybe_get(t)
+                target = self.st.ns.maybe_get(t)
                 if target is None or not target.parent or not target.staged:
                     targets.discard(t)
             if not targets:
-                del self._held_pointers[ptr]
+                del self.st._held_pointers[ptr]
                 released.append(ptr)
         if not released:
             return
         self._persist_held_pointers()
         for ptr in released:
-            inode = self.ns.maybe_get(ptr)
+            inode = self.st.ns.maybe_get(ptr)
             if inode is not None and inode.dirty and inode.parent:
-                self._journal_publish(inode)
+                self.journal_publish(inode)
 
     def _persist_held_pointers(self) -> None:
-        self.ns.meta_put("held_pointers", json.dumps(
-            {str(k): sorted(v) for k, v in self._held_pointers.items()}))
+        self.st.ns.meta_put("held_pointers", json.dumps(
+            {str(k): sorted(v) for k, v in self.st._held_pointers.items()}))
 
     def _restore_held_pointers(self) -> None:
-        raw = self.ns.meta_get("held_pointers")
+        raw = self.st.ns.meta_get("held_pointers")
         if raw:
-            self._held_pointers = {int(k): set(v) for k, v in json.loads(raw).items()}
+            self.st._held_pointers = {int(k): set(v) for k, v in json.loads(raw).items()}
 
     # ------------------------------------------------------------------ sealing
 
@@ -68,14 +84,14 @@ class Seal:
         for name in unknown:
             # Made by another node since this one listed the parent (a Ray worker's
             # checkpoint, recorded by the controller here): look, then seal.
-            self.nursery.start_soon(self._seal_pointed_later, inode.parent, name)
+            self.st.nursery.start_soon(self._seal_pointed_later, inode.parent, name)
         if wait:
             async def seal_all() -> None:
                 for ino in targets:
                     await self.seal(ino)
             return seal_all()
         for ino in targets:
-            self.nursery.start_soon(self._seal_in_background, ino)
+            self.st.nursery.start_soon(self._seal_in_background, ino)
         return None
 
     def _seal_targets(self, inode: Inode, unknown: list[bytes] | None = None) -> list[int]:
@@ -83,51 +99,51 @@ class Seal:
         this node does not know go to ``unknown``."""
         if inode.type != "file" or not inode.parent:
             return []
-        profiles = self.config.profiles
-        parent = self.ns.get(inode.parent)
+        profiles = self.st.config.profiles
+        parent = self.st.ns.get(inode.parent)
         targets = []
         if parent.staged and profiles.is_mark_for(parent.name, inode.name):
             targets.append(parent.ino)
         limit = profiles.pointer_size_limit(inode.name)   # 0: not a pointer
         if limit and inode.size <= limit:
             try:
-                with open(self.staging.path(inode.ino, inode.ver), "rb") as f:
+                with open(self.st.staging.path(inode.ino, inode.ver), "rb") as f:
                     content = f.read(limit)
             except (OSError, FsError):
                 content = b""
             for name in profiles.pointed_names(inode.name, content):
-                ino = self.ns.lookup(parent.ino, name)
+                ino = self.st.ns.lookup(parent.ino, name)
                 if ino is None:
                     if unknown is not None:
                         unknown.append(name)
-                elif self.ns.get(ino).staged:
+                elif self.st.ns.get(ino).staged:
                     targets.append(ino)
         return targets
 
     async def _seal_pointed_later(self, parent: int, name: bytes) -> None:
         try:
-            await self.refresh_dir(parent, force=True)
+            await self.refresher.refresh_dir(parent, force=True)
         except FsError as exc:
             log.warning("pointer names %r: listing its directory failed (%s)", name, exc)
             return
-        ino = self.ns.lookup(parent, name)
-        if ino is not None and self.ns.get(ino).staged:
+        ino = self.st.ns.lookup(parent, name)
+        if ino is not None and self.st.ns.get(ino).staged:
             await self._seal_in_background(ino)
 
     def _pending_under(self, dir_ino: int, inos=None) -> bool:
-        for ino in self.queue.queued if inos is None else inos:
-            cur = self.ns.maybe_get(ino)
+        for ino in self.st.queue.queued if inos is None else inos:
+            cur = self.st.ns.maybe_get(ino)
             while cur is not None and cur.parent and cur.ino != ROOT_INO:
                 if cur.parent == dir_ino:
                     return True
-                cur = self.ns.maybe_get(cur.parent)
+                cur = self.st.ns.maybe_get(cur.parent)
         return False
 
     def _refuse_if_failed_below(self, dir_ino: int) -> None:
         """A file below that the store refuses (it waits for an operator, decision 0016)
         makes the tree incomplete for now: EIO, never a wait without end or a seal of a
         partial checkpoint."""
-        if self._pending_under(dir_ino, list(self.queue.failed)):
+        if self._pending_under(dir_ino, list(self.st.queue.failed)):
             raise FsError(errno.EIO, "a file below is refused by the store and waits for "
                                      "an operator (see `ckptfs status`): the tree is "
                                      "incomplete")
@@ -138,9 +154,9 @@ class Seal:
         makes the tree incomplete: EIO, never a wait without end."""
         while True:
             self._refuse_if_failed_below(dir_ino)
-            if not self._pending_under(dir_ino, self.queue.active()):
+            if not self._pending_under(dir_ino, self.st.queue.active()):
                 return
-            await trio.sleep(0.05)
+            await self.st.queue.wait_change()
 
     async def _seal_in_background(self, ino: int) -> None:
         for attempt in range(10):
@@ -158,29 +174,29 @@ class Seal:
         """Make a staged directory visible: after everything closed below it is in the
         store, rewrite its entry with ``staged: false`` (one PUT).  Idempotent."""
         started = time.monotonic()
-        inode = self.ns.get(ino)
+        inode = self.st.ns.get(ino)
         if inode.type != "dir":
             raise FsError(errno.ENOTDIR)
-        if self._deferred():
+        if self.st._deferred():
             return await self._seal_later(inode)
-        if not await self.leases.may_seal(ino):
+        if not await self.st.leases.may_seal(ino):
             return False  # other nodes still write below it: pending (leases.py)
         await self._wait_uploads_under(ino)
-        rt = self._rt(ino)
+        rt = self.st._rt(ino)
         async with rt.lock:
-            inode = self.ns.get(ino)
+            inode = self.st.ns.get(ino)
             if not inode.staged or not inode.parent:
                 return False
             inode.staged, inode.sealed_at = False, time.time()
             try:
-                await self._rewrite_entry(inode)
+                await self.entries._rewrite_entry(inode)
             except BaseException:
                 inode.staged = True
-                self.ns.save(inode)
+                self.st.ns.save(inode)
                 raise
-        self._drop_rt(ino)
+        self.st._drop_rt(ino)
         self._sealed(inode)
-        self.observe("seal", time.monotonic() - started)
+        self.st.observe("seal", time.monotonic() - started)
         return True
 
     async def _seal_for_leases(self, ino: int) -> bool:
@@ -188,13 +204,13 @@ class Seal:
         journals a seal record and answers False: the pending seal stays until the
         record finds the way clear and seals (or records it pending again)."""
         sealed = await self.seal(ino)
-        return sealed and not self._deferred()
+        return sealed and not self.st._deferred()
 
     def _sealed(self, inode: Inode) -> None:
-        self._touch_dir(inode.parent)
-        log.info("sealed %s", self._path_for_log(inode))
-        self.after_seal(inode)          # retention (retention.py)
-        self.invalidate(inode.parent)
+        self.st._touch_dir(inode.parent)
+        log.info("sealed %s", self.st._path_for_log(inode))
+        self.st.after_seal(inode)          # retention (retention.py)
+        self.st.invalidate(inode.parent)
         self._release_pointers()
 
     async def _seal_later(self, inode: Inode) -> bool:
@@ -203,9 +219,9 @@ class Seal:
         if not inode.staged or not inode.parent:
             return False
         self._refuse_if_failed_below(inode.ino)
-        if not self.oplog.pending_of("seal", inode.ino):
-            parent = self.ns.get(inode.parent)
-            self.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
+        if not self.st.oplog.pending_of("seal", inode.ino):
+            parent = self.st.ns.get(inode.parent)
+            self.st.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
                             "name": inode.name.hex()}, dirs=[inode.parent])
-            await self._sync_journal()
+            await self.st._sync_journal()
         return True

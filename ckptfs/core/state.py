@@ -1,7 +1,8 @@
 """Shared state of the filesystem core: the mount's ``Config``; per-inode runtime state
 (open handles, writers, the per-inode lock and its drop rule, write sessions and their
-versions); handles; directory change marks; the small helpers every concern uses.
-Must not know the store or FUSE."""
+versions); handles; directory change marks; ``CoreState``, the tables the concerns share
+and the collaborators they all use, with the small helpers every concern uses.
+Must not know FUSE or any concern of the core (they know it)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,24 @@ from dataclasses import dataclass, field
 
 import trio
 
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
 from ..errors import FsError
-from ..meta.namespace import Inode
-from ..procstat import Opener
+from ..meta.namespace import Inode, Namespace
+from ..procstat import Opener, died_unclean
 from ..format.profiles import Profiles
 from ..data.upload import ChunkTracker
+
+if TYPE_CHECKING:
+    from ..cluster.leases import LeaseManager
+    from ..data.cache import ChunkCache
+    from ..data.liveness import ChunkLiveness, GuardedStore
+    from ..data.publish_queue import PublishQueue
+    from ..data.staging import Staging
+    from ..data.upload import UploadGate, ChunkUploader
+    from ..meta.oplog import MetaLog
+    from ..store.health import StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +100,23 @@ class Config:
     upload_hold: float = 10.0          # async: uploads wait this long for a writer to pause
 
 
+
+def dir_id_of(inode: Inode) -> str:
+    """The id a directory's entries live under.  Every directory has one (the type says
+    ``str | None`` because files have none); a directory without one is EIO, never a
+    key under ``dirs/None/``."""
+    if inode.dir_id is None:
+        raise FsError(errno.EIO, f"inode {inode.ino} has no directory id")
+    return inode.dir_id
+
+
+def link_id_of(inode: Inode) -> str:
+    """The shared inode object's id of a hard-linked file (decision 0008); EIO without."""
+    if inode.link_id is None:
+        raise FsError(errno.EIO, f"inode {inode.ino} has no link id")
+    return inode.link_id
+
+
 @dataclass
 class Session:
     """A write session: the working version every writable handle of an inode on this
@@ -113,8 +144,14 @@ class Handle:
     session: Session | None = None          # writable handles: the session they joined
     # What a read-only handle reads until it closes (promise: a reader keeps the version
     # it opened): ("live",) the working/current content on this node; ("staging", ver)
-    # a closed local version; ("chunks", chunks, size) a published version.
+    # a closed local version; ("chunks", ChunkMap, size) a published version.
     snapshot: tuple = ("live",)
+    # ("live",) reading a published version: (its chunk list, its ChunkMap), kept until
+    # the list is replaced (core/read.py).
+    live_chunks: tuple | None = None
+    # What the kernel was told at open (core/write.py ``_cache_flags``).
+    keep_cache: bool = False
+    direct_io: bool = False
 
 
 @dataclass
@@ -134,10 +171,67 @@ class Runtime:
 PAGE_VERSIONS_KEPT = 65536
 
 
-class InodeState:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+class CoreState:
+    """The tables every concern of the core shares, and the collaborators they all use.
+
+    Shared: ``handles`` (open handles by fh), ``runtime`` (per-inode runtime),
+    ``dir_marks``, ``_held_pointers`` (pointer inode -> staged targets), ``_publish_epoch``
+    (inode -> metadata-log epoch its publish must follow).  Collaborators: the namespace,
+    staging, cache, the guarded store, the chunk liveness and uploader, the upload gate,
+    the store's health, the metadata log, the publish queue and the leases (the last three
+    are set by the façade once the concerns they call back exist).  Hooks the daemon and
+    tests set: ``invalidate``, ``invalidate_entry``, ``check_complete``, ``mount_device``,
+    ``died_unclean``, ``observe``, ``after_seal``.  Holds no logic beyond the per-inode
+    helpers below; a concern's own state lives in the concern."""
+
+    oplog: MetaLog
+    queue: PublishQueue
+    leases: LeaseManager
+
+    def __init__(self, ns: Namespace, store: GuardedStore, staging: Staging,
+                 cache: ChunkCache,
+                 config: Config, nursery: trio.Nursery,
+                 invalidate: Callable[[int], None],
+                 invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None,
+                 check_complete: Callable[[int, int], str | None] | None,
+                 liveness: ChunkLiveness, upload_gate: UploadGate, store_health: StoreHealth,
+                 uploader: ChunkUploader) -> None:
+        self.ns = ns
+        self.store = store
+        self.staging = staging
+        self.cache = cache
+        self.config = config
+        self.nursery = nursery
+        self.invalidate = invalidate
+        self.invalidate_entry = invalidate_entry
+        # Structural check of a closed file (formats.check_complete): a reason if the
+        # bytes are an incomplete checkpoint, None otherwise.
+        self.check_complete = check_complete
+        self.liveness = liveness
+        self.upload_gate = upload_gate
+        self.store_health = store_health
+        self.uploader = uploader
+        # ``major:minor`` of the mount, set by the daemon once mounted: lets flush ask
+        # whether the opener still holds the file (procstat.holds_for_writing).
+        self.mount_device: bytes | None = None
+        # Did a handle's opener exit with a signal or an error (procstat.died_unclean)?
+        # An attribute, so core tests inject it.
+        self.died_unclean: Callable[[Opener], bool] = died_unclean
+        self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
+        self.after_seal: Callable[[Inode], None] = lambda inode: None   # retention.py
+        self.handles: dict[int, Handle] = {}
+        self.runtime: dict[int, Runtime] = {}
+        self.dir_marks = DirMarks()                  # refresh's change and busy marks
+        self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
+        self._publish_epoch: dict[int, int] = {}
+        self._recovered = trio.Event()     # set by start(): the log replays after recovery
+        self.meta_limiter = trio.CapacityLimiter(16)
 
     # ------------------------------------------------------------------ helpers
+
+    def _deferred(self) -> bool:
+        """Async mode: metadata changes are local first, the store follows in order."""
+        return self.config.durability == "async"
 
     def _rt(self, ino: int) -> Runtime:
         rt = self.runtime.get(ino)
@@ -193,3 +287,26 @@ class InodeState:
             return self.ns.path_of(inode.ino).decode(errors="replace")
         except FsError:
             return f"<inode {inode.ino}>"
+
+    def _ref(self, rt: Runtime, ver: int) -> None:
+        rt.refs[ver] = rt.refs.get(ver, 0) + 1
+
+    def _unref(self, ino: int, rt: Runtime, ver: int) -> None:
+        n = rt.refs.get(ver, 0) - 1
+        if n > 0:
+            rt.refs[ver] = n
+            return
+        rt.refs.pop(ver, None)
+        self._drop_version_if_unused(ino, ver)
+
+    def _drop_version_if_unused(self, ino: int, ver: int) -> None:
+        """Delete a staging version nobody needs any more: not the inode's current
+        closed version, not a working session, not read or uploaded right now."""
+        rt = self.runtime.get(ino)
+        if rt is not None and (rt.refs.get(ver) or (rt.session and rt.session.ver == ver)):
+            return
+        inode = self.ns.maybe_get(ino)
+        if inode is not None and inode.ver == ver and (inode.dirty or inode.local_copy):
+            return
+        self.staging.remove(ino, ver)
+

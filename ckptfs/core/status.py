@@ -7,20 +7,36 @@ from collections.abc import Callable
 
 from ..meta.namespace import ROOT_INO, Inode
 
+from .state import CoreState, dir_id_of
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .names import Names
+    from .write import WritePath
+    from .read import ReadPath
+
+
 log = logging.getLogger(__name__)
 
 
 class Status:
-    """Part of ``Filesystem`` (core/filesystem.py): its state lives there."""
+    """Status, pending work and counters; no state of its own."""
+
+    def __init__(self, st: CoreState, *, names: Names, writes: WritePath,
+                 reads: ReadPath) -> None:
+        self.st = st
+        self.names = names
+        self.writes = writes
+        self.reads = reads
 
     # ------------------------------------------------------------------ prefetch
 
     async def resolve(self, relative: bytes) -> Inode:
-        inode = self.ns.get(ROOT_INO)
+        inode = self.st.ns.get(ROOT_INO)
         for part in relative.split(b"/"):
             if part in (b"", b"."):
                 continue
-            inode = await self.lookup(inode.ino, part)
+            inode = await self.names.lookup(inode.ino, part)
         return inode
 
     async def files_under(self, inode: Inode, prefix: bytes = b"",
@@ -43,9 +59,9 @@ class Status:
                 skipped += 1
             elif node.type == "file":
                 out.append((path, node))
-            elif node.dir_id not in seen:
-                seen.add(node.dir_id)
-                for name, child in reversed(await self.listdir(node.ino)):
+            elif dir_id_of(node) not in seen:
+                seen.add(dir_id_of(node))
+                for name, child in reversed(await self.names.listdir(node.ino)):
                     stack.append((path + b"/" + name if path else name, child))
         return out, skipped
 
@@ -54,60 +70,60 @@ class Status:
     def pending_uploads(self) -> int:
         """Closed files not yet in the store (pointers held for their checkpoint too),
         and metadata changes on their way (async mode)."""
-        return len(self.queue.queued | set(self._held_pointers)) + len(self.oplog.pending)
+        return len(self.st.queue.queued | set(self.st._held_pointers)) + len(self.st.oplog.pending)
 
     def store_unavailable(self) -> str | None:
         """One line while background work finds the store away (decision 0016)."""
-        return self.store_health.describe(len(self.oplog.pending),
-                                          len(self.queue.queued | set(self._held_pointers)))
+        return self.st.store_health.describe(len(self.st.oplog.pending),
+                                          len(self.st.queue.queued | set(self.st._held_pointers)))
 
     def unfinished(self) -> int:
         """Work still to reach the store that is not failed for good."""
-        return len(self.queue.active()) + len(self.oplog.pending)
+        return len(self.st.queue.active()) + len(self.st.oplog.pending)
 
     async def wait_idle(self) -> None:
         while self.unfinished():
-            await self.queue.wait_idle()
-            await self.oplog.wait_idle()
+            await self.st.queue.wait_idle()
+            await self.st.oplog.wait_idle()
 
     def is_writing(self, ino: int) -> bool:
         """An open writer, or a pending upload, for this inode on this node."""
-        return bool(self._writers(ino)) or ino in self.queue.queued
+        return bool(self.st._writers(ino)) or ino in self.st.queue.queued
 
     def state_of(self, ino: int) -> str:
-        inode = self.ns.get(ino)
-        if inode.ino in self.queue.queued:
+        inode = self.st.ns.get(ino)
+        if inode.ino in self.st.queue.queued:
             return "uploading"
-        rt = self.runtime.get(ino)
+        rt = self.st.runtime.get(ino)
         if inode.dirty or (rt is not None and rt.session is not None):
             return "staged"
         if inode.type == "file" and not inode.local_copy and inode.chunks and \
-                all(self.cache.has(sha) for sha, _ in inode.chunks):
+                all(self.st.cache.has(sha) for sha, _ in inode.chunks):
             return "cached"
         if inode.type == "file" and not inode.local_copy and inode.chunks:
             return "remote"
         return "published"
 
     def stats(self) -> dict:
-        up = self.uploader.stats
+        up = self.st.uploader.stats
         return {"pending_uploads": self.pending_uploads(),
-                "failing_uploads": dict(self.queue.failing),
-                "pending_metadata": len(self.oplog.pending),
-                "staged_bytes": self.staged_bytes(), "max_staged": self.max_staged,
-                "writers_waiting_for_uploads": self.writers_waiting,
+                "failing_uploads": dict(self.st.queue.failing),
+                "pending_metadata": len(self.st.oplog.pending),
+                "staged_bytes": self.writes.staged_bytes(), "max_staged": self.writes.max_staged,
+                "writers_waiting_for_uploads": self.writes.writers_waiting,
                 # Async: seconds the uploads have been waiting for a writer to pause.
-                "uploads_held_for_writer_s": round(self.upload_gate.held_for(), 2)
-                if self._deferred() and self.queue.active() else 0.0,
-                "failing_metadata": {str(k): v for k, v in self.oplog.failing.items()},
+                "uploads_held_for_writer_s": round(self.st.upload_gate.held_for(), 2)
+                if self.st._deferred() and self.st.queue.active() else 0.0,
+                "failing_metadata": {str(k): v for k, v in self.st.oplog.failing.items()},
                 "store_unavailable": self.store_unavailable(),
                 "chunks_uploaded": up.chunks_uploaded,
                 "chunks_deduplicated": up.chunks_deduplicated,
                 "bytes_uploaded": up.bytes_uploaded,
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
-                "cache_bytes": self.cache.total, "corrupt_chunks": self.cache.corrupt_events,
-                "rotten_cache_chunks": self.cache.rotten,
-                "fetches_in_flight": self.cache.fetches_in_flight,
-                "open_handles": len(self.handles), "write_requests": self.write_requests,
-                "read_requests": self.read_requests,
-                "bytes_read_from_fetch_buffers": self.cache.served_from_memory}
+                "cache_bytes": self.st.cache.total, "corrupt_chunks": self.st.cache.corrupt_events,
+                "rotten_cache_chunks": self.st.cache.rotten,
+                "fetches_in_flight": self.st.cache.fetches_in_flight,
+                "open_handles": len(self.st.handles), "write_requests": self.writes.write_requests,
+                "read_requests": self.reads.read_requests,
+                "bytes_read_from_fetch_buffers": self.st.cache.served_from_memory}

@@ -51,8 +51,16 @@ class _StateRead:
     """One GET of the gc state that concurrent callers wait on."""
 
     done: threading.Event = field(default_factory=threading.Event)
-    result: tuple | None = None
+    result: tuple[GcState, float] | None = None
     error: BaseException | None = None
+
+    def wait(self) -> tuple[GcState, float]:
+        """The leader's answer, or its failure raised here too."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None, "a read is done with a result or an error"
+        return self.result
 
 class ChunkGone(StoreError):
     """An entry would reference a chunk that gc has collected: publish again (the
@@ -147,15 +155,11 @@ class ChunkLiveness:
             now = self.clock()
             if not force and now - self._fetched <= self.fresh_for(self._state):
                 return self._state, self._fetched
-            flight = self._flight
-            leader = flight is None
-            if leader:
+            joined = self._flight
+            if joined is None:
                 flight = self._flight = _StateRead()
-        if not leader:
-            flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            return flight.result
+        if joined is not None:
+            return joined.wait()
         try:
             try:
                 body, _ = self.store.get(GC_STATE_KEY)
@@ -328,7 +332,7 @@ class GuardedStore:
         self._guard(key, data)
         return self.inner.put(key, data, sha256, **conditions)
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
         self._guard(key, data)
         return self.inner.put_if_absent(key, data)
 

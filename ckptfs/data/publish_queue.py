@@ -25,6 +25,11 @@ PUBLISH_RETRY = RetryPolicy(attempts=None, base_delay=2.0, max_delay=30.0)
 # A publish the store refuses (a 4xx about the request itself) waits for an operator but
 # is still tried again this often: nothing closed is ever given up (decision 0016).
 REFUSED_RETRY = 300.0
+# A ``wait_change`` caller looks again at least this often even if the queue did not
+# change: what it waits for may also depend on what the queue never sees (a file below a
+# directory renamed out of it or unlinked while open).  Not a poll: it is woken at once
+# by every change of the queue.
+WAIT_RECHECK = 1.0
 
 
 class PublishQueue:
@@ -40,7 +45,8 @@ class PublishQueue:
     ``REFUSED_RETRY`` seconds (and at once on a new close or the next mount); it is
     never given up.  ``queued`` holds every inode not yet published, failed ones
     included; ``wait_idle`` returns when nothing is left but those that need an
-    operator."""
+    operator.  ``wait_change`` returns at the next change (an inode queued, published,
+    failed, dropped): a caller waiting for some inodes checks them again then."""
 
     def __init__(self, publish: Callable[[int], Awaitable[bool | None]], workers: int = 2,
                  policy: RetryPolicy = PUBLISH_RETRY,
@@ -70,6 +76,7 @@ class PublishQueue:
         self._nursery: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
+        self._change = trio.Event()
 
     def submit(self, ino: int) -> None:
         if ino in self.failed:
@@ -83,6 +90,7 @@ class PublishQueue:
         self.since.setdefault(ino, time.monotonic())
         self._idle = trio.Event() if self._idle.is_set() else self._idle
         self._enqueue(ino)
+        self.changed()
 
     def _enqueue(self, ino: int) -> None:
         self._backlog.append(ino)
@@ -101,6 +109,19 @@ class PublishQueue:
         self.failed.pop(ino, None)
         self._attempts.pop(ino, None)
         self._maybe_idle()
+        self.changed()
+
+    def changed(self) -> None:
+        """Wake every ``wait_change`` caller to look again.  The queue calls it at each
+        of its changes; a caller whose own change a waiter may wait for calls it too."""
+        self._change.set()
+        self._change = trio.Event()
+
+    async def wait_change(self, recheck: float = WAIT_RECHECK) -> None:
+        """Until the next ``changed`` (or ``recheck`` seconds): the caller checks what
+        it waits for again."""
+        with trio.move_on_after(recheck):
+            await self._change.wait()
 
     def active(self) -> set[int]:
         """Inodes still being published or waiting for a retry (not failed for good)."""
@@ -163,6 +184,7 @@ class PublishQueue:
             self.queued.discard(ino)
             self.since.pop(ino, None)
             self._maybe_idle()
+            self.changed()
 
     def _failed_attempt(self, ino: int, exc: Exception) -> None:
         if ino not in self.queued:
@@ -186,5 +208,6 @@ class PublishQueue:
                 log.warning("background publish of inode %d failed (%s); retrying every "
                             "%.0f s at most", ino, exc, self.policy.max_delay)
             self.failing[ino] = str(exc)
+        self.changed()
         assert self._nursery is not None
         self._nursery.start_soon(self._retry_later, ino, delay)

@@ -299,7 +299,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
         offset = index * chunk_size
         length = min(chunk_size, size - offset)
         pending = tracker.pending.get(index) if tracker else None
-        if pending is not None and length == chunk_size:
+        if pending is not None and tracker is not None and length == chunk_size:
             await pending.done.wait()
             if pending.result is not None and tracker.pending.get(index) is pending:
                 result[index] = pending.result

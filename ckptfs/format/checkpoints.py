@@ -158,7 +158,9 @@ class _StorageRefs(pickle.Unpickler):
         super().__init__(file)
         self.stubs: dict[str, type] = {}
         self.pids: list = []
-        self.persistent_load = self.pids.append  # C-level: it is called once per storage
+        # C-level: it is called once per storage.  Unpickler documents overriding
+        # persistent_load by assignment as well as by subclassing.
+        self.persistent_load = self.pids.append  # type: ignore[method-assign]
 
     def find_class(self, module: str, name: str) -> type:
         qual = f"{module}.{name}"

@@ -154,8 +154,8 @@ class FuseOps(pyfuse3.Operations):
     @_errors
     async def open(self, inode, flags, ctx):
         handle = await self.fs.open(inode, flags, Opener.from_tid(ctx.pid))
-        keep_cache, direct_io = self.fs.open_flags(handle)
-        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=keep_cache, direct_io=direct_io)
+        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=handle.keep_cache,
+                                direct_io=handle.direct_io)
 
     @_errors
     async def create(self, parent_inode, name, mode, flags, ctx):

@@ -10,14 +10,17 @@ caches; ``batch`` makes several writes one transaction.  It knows nothing of fil
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import stat
 import struct
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import lmdb
 
@@ -128,25 +131,52 @@ class Inode:
         return cls(**doc)
 
 
+def _take_next(txn: lmdb.Transaction, db: lmdb._Database, counter: bytes) -> int:
+    """The next number of a counter in the meta table (made with the table), counted."""
+    raw = txn.get(counter, db=db)
+    if raw is None:
+        raise FsError(errno.EIO, f"meta.lmdb has no {counter.decode()} counter")
+    value: int = _U64.unpack(raw)[0]
+    txn.put(counter, _k(value + 1), db=db)
+    return value
+
+
+class _NamespaceParts(Protocol):
+    """What ``TwoStepNames`` uses of the ``Namespace`` it is part of (its self-type)."""
+
+    path: Path
+    db_meta: lmdb._Database
+    db_dentries: lmdb._Database
+    db_dir_ids: lmdb._Database
+    db_link_ids: lmdb._Database
+    _cache: dict[int, Inode]
+
+    def _write(self) -> AbstractContextManager[lmdb.Transaction]: ...
+    def _put_inode(self, txn: lmdb.Transaction, inode: Inode) -> None: ...
+    def _index(self, inode: Inode) -> None: ...
+    def _count(self, parent: int, inode: Inode, delta: int) -> None: ...
+    def delete_inode(self, ino: int) -> None: ...
+
+
 class TwoStepNames:
     """Part of ``Namespace``: a name created in two steps around a store call.  The
     inode is written first with no name (``reserve_inode``: a full state dir fails
     the operation before anything happened anywhere), named last (``attach``), or
     dropped (``forget_reserved``)."""
 
-    def reserve_inode(self, type_: str, mode: int, uid: int, gid: int, **extra) -> Inode:
+    def reserve_inode(self: _NamespaceParts, type_: str, mode: int, uid: int, gid: int,
+                      **extra) -> Inode:
         """An inode with no name yet: nobody can find it."""
         now = time.time_ns()
         with self._write() as txn:
-            ino = _U64.unpack(txn.get(b"next_ino", db=self.db_meta))[0]
-            txn.put(b"next_ino", _k(ino + 1), db=self.db_meta)
+            ino = _take_next(txn, self.db_meta, b"next_ino")
             inode = Inode(ino=ino, type=type_, mode=mode & 0o7777, uid=uid, gid=gid,
                           mtime_ns=extra.pop("mtime_ns", now), ctime_ns=now, atime_ns=now,
                           parent=0, name=b"", **extra)
             self._put_inode(txn, inode)
         return inode
 
-    def attach(self, inode: Inode, parent: Inode, name: bytes) -> None:
+    def attach(self: _NamespaceParts, inode: Inode, parent: Inode, name: bytes) -> None:
         """Give a reserved inode its name, and its parent a new mtime, in one step."""
         with self._write() as txn:
             inode.parent, inode.name = parent.ino, name
@@ -163,7 +193,7 @@ class TwoStepNames:
         self._index(inode)
         self._count(parent.ino, inode, +1)
 
-    def forget_reserved(self, inode: Inode) -> None:
+    def forget_reserved(self: _NamespaceParts, inode: Inode) -> None:
         """Drop a reserved inode whose operation failed (best effort: a record left
         behind on a full disk has no name and is never seen)."""
         inode.parent, inode.name = 0, b""
@@ -262,8 +292,7 @@ class Namespace(TwoStepNames, Transactions):
         """Create an inode and its dentry in one transaction."""
         now = time.time_ns()
         with self._write() as txn:
-            ino = _U64.unpack(txn.get(b"next_ino", db=self.db_meta))[0]
-            txn.put(b"next_ino", _k(ino + 1), db=self.db_meta)
+            ino = _take_next(txn, self.db_meta, b"next_ino")
             inode = Inode(ino=ino, type=type_, mode=mode & 0o7777, uid=uid, gid=gid,
                           mtime_ns=extra.pop("mtime_ns", now), ctime_ns=now, atime_ns=now,
                           parent=parent, name=name, **extra)
@@ -502,8 +531,7 @@ class Namespace(TwoStepNames, Transactions):
 
     def journal_add(self, record: dict) -> int:
         with self._write() as txn:
-            seq = _U64.unpack(txn.get(b"next_journal", db=self.db_meta))[0]
-            txn.put(b"next_journal", _k(seq + 1), db=self.db_meta)
+            seq = _take_next(txn, self.db_meta, b"next_journal")
             txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
         return seq
 

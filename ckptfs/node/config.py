@@ -1,19 +1,25 @@
 """Settings for a mount: defaults, then the TOML file, then ``CKPTFS_*`` variables, then
 command-line flags (DESIGN.md §5).  One table (``SETTINGS``) names each setting once, with
 its type, default, validation and help: the TOML keys, the variables, the ``ckptfs mount``
-flags (``cli``) and the ``Settings`` fields all come from it.  Unknown keys are errors,
-with one line naming them.  Knows nothing of how the settings are used."""
+flags (``cli``) and the ``Settings`` defaults all come from it (``Settings`` repeats each
+name with its type for the type checker; a test holds it to the table).  Unknown keys are
+errors, with one line naming them.  Knows nothing of how the settings are used."""
 
 from __future__ import annotations
 
 import math
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import UnionType
+from typing import TYPE_CHECKING, Any
 
 from ..format.remote import MAX_CHUNK_SIZE
 from ..format.profiles import DEFAULT_PROFILES, TEXT, Profile, Profiles
+
+if TYPE_CHECKING:
+    from ..cluster.retention import Rule
 
 DEFAULT_CONFIG_FILE = Path("/etc/ckptfs/ckptfs.toml")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -155,7 +161,7 @@ class Setting:
     ``ConfigError`` with the reason."""
 
     name: str
-    type: type
+    type: type | UnionType
     default: object
     parse: Callable[[object], object]
     help: str | None = None
@@ -180,8 +186,8 @@ def _text(value) -> str:
 
 
 # The one table of mount settings (defaults < TOML file < CKPTFS_* < flags).  A new
-# setting is one row here, and a field in the settings' consumer (fs.Config for the
-# filesystem core, whose defaults a test holds to this table).
+# setting is one row here, its typed field in Settings below, and a field in the settings'
+# consumer (fs.Config for the filesystem core); a test holds both to this table.
 SETTINGS: tuple[Setting, ...] = (
     Setting("store", str | None, None, _text, "file:///path or s3://bucket/prefix"),
     Setting("endpoint_url", str | None, None, _text,
@@ -261,13 +267,40 @@ PROFILE_KEYS = ("profiles", "extra_profiles")
 # TOML-only tables: retention rules ([[retention]], retention.py).
 TABLE_KEYS = PROFILE_KEYS + ("retention",)
 
-# Every setting of the table as a field (with its default), plus the profiles.
-Settings = make_dataclass(
-    "Settings",
-    [(s.name, s.type, field(default=s.default)) for s in SETTINGS]
-    + [("profiles", Profiles, field(default_factory=Profiles)),
-       ("retention", tuple, field(default=()))])     # retention.Rule per [[retention]]
-Settings.__doc__ = "The resolved settings of one mount: one field per row of SETTINGS."
+def _default(name: str) -> Any:
+    return BY_NAME[name].default
+
+
+@dataclass
+class Settings:
+    """The resolved settings of one mount: one field per row of SETTINGS, in its order,
+    with the row's type and its default (tests/unit/test_settings_table.py holds the
+    fields to the table), plus the profiles and the retention rules."""
+
+    store: str | None = _default("store")
+    endpoint_url: str | None = _default("endpoint_url")
+    state_dir: str | None = _default("state_dir")
+    durability: str = _default("durability")
+    single_writer: bool = _default("single_writer")
+    chunk_size: int = _default("chunk_size")
+    cache_size: int = _default("cache_size")
+    metadata_ttl: float = _default("metadata_ttl")
+    upload_concurrency: int = _default("upload_concurrency")
+    fetch_concurrency: int = _default("fetch_concurrency")
+    gc_grace: float = _default("gc_grace")
+    gc_settle: float = _default("gc_settle")
+    writeback_cache: bool = _default("writeback_cache")
+    checkpoint_formats: tuple[str, ...] = _default("checkpoint_formats")
+    lease_ttl: float = _default("lease_ttl")
+    stale_staged_after: float = _default("stale_staged_after")
+    store_timeout: float = _default("store_timeout")
+    stop_timeout: float = _default("stop_timeout")
+    max_staged: int | None = _default("max_staged")
+    upload_hold: float = _default("upload_hold")
+    s3_client: str = _default("s3_client")
+    metrics_address: str | None = _default("metrics_address")
+    profiles: Profiles = field(default_factory=Profiles)
+    retention: tuple[Rule, ...] = ()        # one per [[retention]]
 
 
 def _profiles(raw) -> Profiles:
@@ -292,7 +325,7 @@ def _profiles(raw) -> Profiles:
     return Profiles(tuple(out))
 
 
-def _retention(raw) -> tuple:
+def _retention(raw) -> tuple[Rule, ...]:
     from ..cluster.retention import Rule
     if not isinstance(raw, list):
         raise ConfigError("retention must be an array of tables ([[retention]])")

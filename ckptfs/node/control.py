@@ -55,7 +55,7 @@ class Peer:
     groups: frozenset[int] = frozenset()
 
     @classmethod
-    def of(cls, sock: socket.socket) -> "Peer":
+    def of(cls, sock: socket.socket | trio.socket.SocketType) -> "Peer":
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, gid = struct.unpack("3i", raw)
         return cls(pid, uid, gid, frozenset({gid}) | _groups_of(pid))
@@ -182,9 +182,9 @@ class ControlServer:
                 if uid is not None:
                     gate.offence(uid, "connections over the cap")
                 await trio.sleep(REFUSE_PAUSE)
-                continue
-            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
-            nursery.start_soon(self._client, stream, uid)
+            elif uid is not None:           # admitted: always, its credentials are known
+                stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+                nursery.start_soon(self._client, stream, uid)
 
     async def _client(self, stream: trio.SocketStream, uid: int) -> None:
         # A client that goes away (Ctrl-C on `ckptfs wait`) or sends garbage must never

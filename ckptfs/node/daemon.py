@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -39,6 +40,9 @@ from ..data.cache import ChunkCache
 from ..data.staging import Staging, fd_cap
 from ..store import (CountingStore, ObjectStore, PreconditionFailed, RetryingStore,
                     StoreError, StoreStats, open_store, store_policy)
+
+if TYPE_CHECKING:
+    from ..cluster.retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +286,7 @@ class Daemon:
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
-        self.retention = None           # retention.Retention with [[retention]] rules
+        self.retention: Retention | None = None     # with the [[retention]] rules
         self._shutdown = trio.Event()
         self._terminated = False
         # Stopping (umount, SIGTERM): pending uploads are waited for until ``_stop_at``
@@ -412,7 +416,7 @@ class Daemon:
                     await nursery.start(ControlServer(self, control_path).serve)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
-                    nursery.start_soon(self._ready_after_init, on_ready, store.url)
+                    nursery.start_soon(self._ready_after_init, fs, on_ready, store.url)
                     await pyfuse3.main()
                 finally:
                     self._terminated = True
@@ -484,7 +488,8 @@ class Daemon:
 
         def after_seal(inode) -> None:
             parent = fs.ns.maybe_get(inode.parent)
-            if parent is not None and retention.rule_for(os.fsdecode(inode.name)):
+            if parent is not None and parent.dir_id is not None and \
+                    retention.rule_for(os.fsdecode(inode.name)):
                 nursery.start_soon(retention.after_seal, parent.ino, parent.dir_id,
                                    os.fsdecode(inode.name))
         fs.after_seal = after_seal
@@ -521,7 +526,7 @@ class Daemon:
         fs.observe = metrics.observe
         return metrics
 
-    async def _ready_after_init(self, on_ready, url: str) -> None:
+    async def _ready_after_init(self, fs: Filesystem, on_ready, url: str) -> None:
         # The kernel sets the device's read-ahead when it processes FUSE_INIT, which
         # happens once pyfuse3.main() runs: set ours after that, check that it held,
         # and only then tell the waiting `ckptfs mount` (and systemd) we are ready.
@@ -529,8 +534,8 @@ class Daemon:
             await trio.sleep(0.02)
             if set_readahead(self.opts.mountpoint, self.config.readahead_kb):
                 break
-        self.fs.mount_device = device_of_mount(os.fsencode(self.opts.mountpoint))
-        if self.fs.mount_device is None:
+        fs.mount_device = device_of_mount(os.fsencode(self.opts.mountpoint))
+        if fs.mount_device is None:
             log.warning("could not find %s in /proc/self/mountinfo: a forked child's close "
                         "cannot be told from its parent's", self.opts.mountpoint)
         log.info("mounted %s on %s", url, self.opts.mountpoint)
@@ -644,13 +649,14 @@ class Daemon:
                 "stale_staged": [d.to_json() for d in self.stale.stale()],
                 "stale_staged_after": self.config.stale_staged_after,
                 "pending_bytes": self.pending()["pending_bytes"],
-                "oldest_pending_s": self._oldest_pending(),
+                "oldest_pending_s": self._oldest_pending(fs),
                 "cache_limit": fs.cache.limit,
                 "metrics_address": self.metrics.address if self.metrics else None,
                 "retention_removed": list(self.retention.removed) if self.retention else []}
 
-    def _oldest_pending(self) -> float | None:
-        since = [t for ino, t in self.fs.queue.since.items() if ino in self.fs.queue.queued]
+    @staticmethod
+    def _oldest_pending(fs: Filesystem) -> float | None:
+        since = [t for ino, t in fs.queue.since.items() if ino in fs.queue.queued]
         return round(time.monotonic() - min(since), 1) if since else None
 
     async def _shutdown_when_asked(self) -> None:

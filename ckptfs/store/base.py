@@ -114,9 +114,10 @@ def store_cause(exc: BaseException) -> BaseException | None:
     """The store error behind ``exc``: the filesystem turns store errors into ``EIO``
     (``raise FsError(...) from None`` keeps the original as ``__context__``)."""
     seen = 0
-    while exc is not None and seen < 16:
-        if isinstance(exc, StoreError):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
+    while link is not None and seen < 16:
+        if isinstance(link, StoreError):
+            return link
+        link = link.__cause__ or link.__context__
         seen += 1
     return None

@@ -116,6 +116,7 @@ class RetryingStore:
         self.policy = policy or store_policy()
         if self.policy.deadline is None:
             raise ValueError("a RetryingStore needs a policy with a deadline")
+        self._deadline: float = self.policy.deadline
         self.stats = stats
         self.url = inner.url
         self._runner = _AttemptRunner()
@@ -159,7 +160,7 @@ class RetryingStore:
         return attempt.result
 
     def _call(self, what: str, key: str, fn):
-        deadline = time.monotonic() + self.policy.deadline
+        deadline = time.monotonic() + self._deadline
         attempt = 0
         last: BaseException | None = None
         while True:
@@ -260,7 +261,7 @@ class StoreStats:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, int | dict[str, int]]:
         with self._lock:
             return {k: dict(v) if isinstance(v, dict) else v
                     for k, v in vars(self).items() if not k.startswith("_")}

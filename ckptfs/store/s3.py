@@ -11,11 +11,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, PreconditionFailed,
                    StoreError, TransientStoreError, copy_into)
 from .s3_http import ChunkHTTP, EndpointMismatch, b64_digest
+
+if TYPE_CHECKING:     # stubs from the test extra (types-boto3[s3]); boto3 ships none
+    from boto3.session import Session
+    from types_boto3_s3.type_defs import (DeleteObjectRequestTypeDef,
+                                          ListObjectsV2RequestTypeDef,
+                                          PutObjectRequestTypeDef)
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +50,17 @@ def _prehashed_signer() -> str:
     return name
 
 
-def _ca_bundle(session) -> str:
+def _ca_bundle(session: Session) -> str | None:
     """The CA certificates file boto3's client verifies HTTPS endpoints with: botocore's
     ``ca_bundle`` setting (``AWS_CA_BUNDLE`` or the config file), else
     ``REQUESTS_CA_BUNDLE``, else botocore's default bundle (as botocore resolves it)."""
-    import os
-
     from botocore.httpsession import get_cert_path
 
-    verify = session._session.get_config_variable("ca_bundle") or \
-        os.environ.get("REQUESTS_CA_BUNDLE") or True
-    return get_cert_path(verify)
+    configured = session._session.get_config_variable("ca_bundle") or \
+        os.environ.get("REQUESTS_CA_BUNDLE")
+    if configured:
+        return str(configured)      # get_cert_path returns a configured path as it is
+    return get_cert_path(True)
 
 
 class S3Store:
@@ -161,13 +169,14 @@ class S3Store:
                 return done
         if not isinstance(data, bytes):
             data = bytes(data)
-        extra = {}
+        request: PutObjectRequestTypeDef = {"Bucket": self.bucket, "Key": self._k(key),
+                                            "Body": data}
         if sha256 is not None:
-            extra["ChecksumSHA256"] = b64_digest(sha256)
+            request["ChecksumSHA256"] = b64_digest(sha256)
         if if_match is not None:
-            extra["IfMatch"] = if_match
+            request["IfMatch"] = if_match
         try:
-            r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **extra)
+            r = self.client.put_object(**request)
             return r.get("ETag", "")
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, key) from None
@@ -235,11 +244,12 @@ class S3Store:
     def list(self, prefix: str) -> Iterator[ListedObject]:
         token: str | None = None
         while True:
-            kwargs = {"Bucket": self.bucket, "Prefix": self._k(prefix)}
+            request: ListObjectsV2RequestTypeDef = {"Bucket": self.bucket,
+                                                    "Prefix": self._k(prefix)}
             if token:
-                kwargs["ContinuationToken"] = token
+                request["ContinuationToken"] = token
             try:
-                r = self.client.list_objects_v2(**kwargs)
+                r = self.client.list_objects_v2(**request)
             except Exception as exc:  # noqa: BLE001
                 raise self._translate(exc, prefix) from None
             for obj in r.get("Contents", []):
@@ -252,9 +262,11 @@ class S3Store:
             token = r.get("NextContinuationToken")
 
     def delete(self, key: str, if_match: str | None = None) -> None:
-        extra = {"IfMatch": if_match} if if_match is not None else {}
+        request: DeleteObjectRequestTypeDef = {"Bucket": self.bucket, "Key": self._k(key)}
+        if if_match is not None:
+            request["IfMatch"] = if_match
         try:
-            self.client.delete_object(Bucket=self.bucket, Key=self._k(key), **extra)
+            self.client.delete_object(**request)
         except Exception as exc:  # noqa: BLE001
             err = self._translate(exc, key)
             if isinstance(err, NotFound) and if_match is not None:

@@ -5,21 +5,13 @@ until DCP's own completion mark (.metadata) seals it."""
 from __future__ import annotations
 
 import os
-import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
-
-def rendezvous() -> str:
-    """A file the ranks meet at (torch's FileStore).  Not a TCP port picked free and
-    closed: another process can take it before rank 0 binds it."""
-    fd, path = tempfile.mkstemp(prefix="ckptfs-rdzv-")
-    os.close(fd)
-    os.unlink(path)             # FileStore creates it; it must not hold an old run
-    return f"file://{path}"
+from support.ranks import rendezvous
 
 
 def state_for(rank: int, step: int) -> dict:

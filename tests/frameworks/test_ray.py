@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 # The controller polls its workers for reports every 2 s by default: 0.2 s keeps this
 # suite short.  Read by ray.init's processes, so set before it.

@@ -6,7 +6,6 @@ rng_state_1.pth: a third node must never list a checkpoint without rank 1's file
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 
@@ -14,18 +13,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch.multiprocessing as mp  # noqa: E402
 
-from conftest import eventually  # noqa: E402
+from support.mounts import eventually  # noqa: E402
+from support.ranks import rendezvous  # noqa: E402
 
 REQUIRED = ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth", "model.safetensors")
-
-
-def rendezvous() -> str:
-    """A file the ranks meet at (torch's FileStore).  Not a TCP port picked free and
-    closed: another process can take it before rank 0 binds it."""
-    fd, path = tempfile.mkstemp(prefix="ckptfs-rdzv-")
-    os.close(fd)
-    os.unlink(path)             # FileStore creates it; it must not hold an old run
-    return f"file://{path}"
 
 
 def worker(rank: int, world: int, init: str, outs: list[str], max_steps: int, resume: bool,

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import ckptfs
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 
 @pytest.mark.expect_log_errors(r"injected transient fault")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import run_ckptfs
+from support.mounts import run_ckptfs
 
 SYSTEMS = ["local", "passthrough", "boto3", "ckptfs-sync", "ckptfs-async"]
 

@@ -15,13 +15,10 @@ import time
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
+from support.mounts import fresh
 
 MiB = 1 << 20
-
-
-def fresh(make_mount, store, name="fresh"):
-    return make_mount(store, name=name)
 
 
 def daemon_log(mnt) -> str:

@@ -8,7 +8,7 @@ import hashlib
 import mmap
 import os
 
-from conftest import eventually
+from support.mounts import eventually
 
 KiB = 1 << 10
 CHUNK = 64 * KiB

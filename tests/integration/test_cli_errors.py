@@ -13,17 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from asuser import ckptfs_as
-from conftest import Mount, run_ckptfs
+from support.asuser import ckptfs_as
+from support import mounts
+from support.mounts import Mount, run_ckptfs
+from support.posix import open_dir
 
 
 def one_line_failure(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("ckptfs: ")
-    return lines[0]
+    return mounts.one_line_failure(proc, prefix="ckptfs: ")
 
 
 COMMANDS = (("status",), ("wait",), ("umount",), ("commit",), ("gc",), ("prefetch",))
@@ -54,10 +51,8 @@ def test_daemon_gone_and_socket_gone(local_store, make_mount):
 @pytest.fixture
 def open_base():
     """A directory every user may enter (tmp_path's parents are root's only)."""
-    base = Path(tempfile.mkdtemp(prefix="ckptfs-cli-"))
-    os.chmod(base, 0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with open_dir("ckptfs-cli-") as base:
+        yield base
 
 
 def as_nobody(*args: str) -> subprocess.CompletedProcess:

@@ -36,7 +36,9 @@ import ckptfs.node.config
 import ckptfs.cli.commands
 import ckptfs.cli.display
 import ckptfs.node.fstab
-from conftest import Mount, run_ckptfs
+from support import asuser
+from support.mounts import Mount, run_ckptfs
+from support.posix import open_dir, system_user
 
 USER = "ckptfs-job"
 MiB = 1 << 20
@@ -46,26 +48,19 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 @pytest.fixture(scope="module")
 def job_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
-                        USER], check=True)
-        return pwd.getpwnam(USER)
+    return system_user(USER)
 
 
 @pytest.fixture
 def open_base(tmp_path):
     """A directory every user may enter (tmp_path's parents are root's only); the
     daemon logs are linked into ``tmp_path`` so the log check reads them."""
-    base = Path(tempfile.mkdtemp(prefix="ckptfs-nonroot-"))
-    os.chmod(base, 0o755)
-    yield base
-    for log in base.glob("*-state/ckptfs.log"):
-        target = tmp_path / log.parent.name
-        target.mkdir(exist_ok=True)
-        shutil.copy(log, target / "ckptfs.log")
-    shutil.rmtree(base, ignore_errors=True)
+    with open_dir("ckptfs-nonroot-") as base:
+        yield base
+        for log in base.glob("*-state/ckptfs.log"):
+            target = tmp_path / log.parent.name
+            target.mkdir(exist_ok=True)
+            shutil.copy(log, target / "ckptfs.log")
 
 
 @pytest.fixture
@@ -93,37 +88,8 @@ def drop_to(user: pwd.struct_passwd) -> None:
 def run_as(user: pwd.struct_passwd, fn: Callable[[], int], timeout: float = 120
            ) -> tuple[int, str, str]:
     """``fn()`` in a forked child running as ``user``: (exit status, stdout, stderr)."""
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
-    pid = os.fork()
-    if pid == 0:        # the child: never returns into pytest
-        status = 99
-        try:
-            os.dup2(out.fileno(), 1)
-            os.dup2(err.fileno(), 2)
-            sys.stdout = open(1, "w", closefd=False)      # not pytest's capture
-            sys.stderr = open(2, "w", closefd=False)
-            drop_to(user)
-            status = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            print(f"child failed: {exc!r}", file=sys.stderr)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError(f"the child as {user.pw_name} did not finish in {timeout} s")
-        time.sleep(0.05)
-    out.seek(0)
-    err.seek(0)
-    return os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode()
+    proc = asuser.run_as(user.pw_name, fn, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def fetched_bytes(mnt: Mount) -> int:
@@ -169,7 +135,7 @@ def test_prefetch_as_a_user_skips_what_they_cannot_search_or_read(open_base, mou
     assert fetched_bytes(b) - before == MiB              # open.bin only
 
     def raw_reply() -> int:
-        from ckptfs import api
+        from ckptfs.cli import api
         for reply in api.request(b.path, {"cmd": "prefetch", "path": str(mine)}, timeout=60):
             if reply.get("done"):
                 print(reply["files"], reply["bytes"], reply["skipped"])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import run_ckptfs
+from support.mounts import run_ckptfs
 
 LIMIT = 300        # the daemon's RLIMIT_NOFILE, soft and hard
 FILES = 2000

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import Mount, run_ckptfs
+from support.mounts import Mount, run_ckptfs
 
 pytestmark = pytest.mark.skipif(shutil.which("mount.fuse3") is None or os.geteuid() != 0,
                                 reason="needs root and mount.fuse3 (fuse3)")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 MiB = 1 << 20
 SETTLE = ("--gc-settle", "0.3")

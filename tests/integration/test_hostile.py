@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_ckptfs
+from support.mounts import run_ckptfs
 
 
 def _entry(local_store, dir_id: str, name: str, doc: dict) -> None:

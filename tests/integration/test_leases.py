@@ -15,7 +15,7 @@ import pytest
 
 from ckptfs.store import open_store
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 FAST = ("--lease-ttl", "1")          # renew every 0.33 s, dead after 2 s unrenewed
 REQUESTS = ("puts", "gets", "lists", "deletes", "heads")

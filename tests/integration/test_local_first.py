@@ -12,14 +12,10 @@ import time
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
+from support.mounts import fresh
 
 MiB = 1 << 20
-
-
-def fresh(make_mount, store, name="fresh"):
-    """Another node: a mount of its own on the same store."""
-    return make_mount(store, name=name)
 
 
 @pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import run_ckptfs
+from support.mounts import run_ckptfs
 
 
 ANY_PORT = ("--metrics-address", "127.0.0.1:0")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from asuser import run_as
-from conftest import BUCKET, Mount, run_ckptfs
+from support.asuser import run_as
+from support.mounts import BUCKET, Mount, run_ckptfs
 
 # Each test here makes a mount fail on purpose: the daemon logs why at ERROR.
 pytestmark = pytest.mark.expect_log_errors(r"ERROR ckptfs: mount failed: ")

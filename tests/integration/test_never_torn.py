@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import eventually
+from support.mounts import eventually
 
 MiB = 1 << 20
 
@@ -61,10 +61,6 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def fresh(make_mount, store, **kw):
-    return make_mount(store, name=f"fresh{os.urandom(3).hex()}", **kw)
-
-
 @pytest.mark.parametrize("extra", ["subprocess", "fork"])
 def test_a_copy_closed_by_a_child_publishes_nothing(extra, store, make_mount):
     mnt = make_mount(store)
@@ -105,7 +101,7 @@ def test_fsync_mid_write_then_kill_publishes_nothing(durability, store, make_mou
 
 
 def run_wait(mnt) -> None:
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
 
 
@@ -197,6 +193,7 @@ def _digest_in_child(path: Path) -> str:
 
 INTERRUPTED_SAVE = r"""
 import os, signal, sys, torch
+from support.mounts import fresh
 path, how = sys.argv[1], sys.argv[2]
 
 class Boom:

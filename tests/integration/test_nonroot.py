@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asuser import ckptfs_as, run_as
-from conftest import Mount
+from support.asuser import ckptfs_as, run_as
+from support.mounts import Mount, one_line_failure
+from support.posix import open_dir, system_user
 
 USER = "ckptfs-job"
 
@@ -25,33 +26,17 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 @pytest.fixture(scope="module")
 def job_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
-                        USER], check=True)
-        return pwd.getpwnam(USER)
+    return system_user(USER)
 
 
 @pytest.fixture
 def open_base():
-    """A directory every user may enter (tmp_path's parents are root's only)."""
-    base = Path(tempfile.mkdtemp(prefix="ckptfs-nonroot-"))
-    os.chmod(base, 0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with open_dir("ckptfs-nonroot-") as base:
+        yield base
 
 
 def ckptfs_as_user(*args: str) -> subprocess.CompletedProcess:
     return ckptfs_as(USER, *args)
-
-
-def one_line_failure(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 def job(jobs: str) -> None:

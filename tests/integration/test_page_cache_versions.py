@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import eventually
+from support.mounts import eventually
 
 SIZE = 256 << 10
 

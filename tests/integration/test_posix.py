@@ -11,11 +11,8 @@ import stat
 from multiprocessing import get_context
 
 import pytest
-
-
-def fresh(make_mount, mnt):
-    """A second mount of the same store with new node-local state."""
-    return make_mount(mnt.store, name=f"fresh{os.urandom(3).hex()}")
+from support.posix import renameat2
+from support.mounts import fresh
 
 
 def test_create_write_read_and_fresh_mount(mnt, make_mount):
@@ -24,7 +21,7 @@ def test_create_write_read_and_fresh_mount(mnt, make_mount):
     p.write_bytes(data)
     assert p.read_bytes() == data
     assert p.stat().st_size == len(data)
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert (other.path / "model.bin").read_bytes() == data
 
 
@@ -42,7 +39,7 @@ def test_write_at_offsets_pread_and_sparse(mnt, make_mount):
     expected[0:4] = b"head"
     expected[5_000_000:5_000_003] = b"mid"
     expected[10_000_000:] = b"tail"
-    assert (fresh(make_mount, mnt).path / "sparse").read_bytes() == bytes(expected)
+    assert (fresh(make_mount, mnt.store).path / "sparse").read_bytes() == bytes(expected)
 
 
 def test_o_trunc_o_append_o_direct_accepted(mnt, make_mount):
@@ -57,7 +54,7 @@ def test_o_trunc_o_append_o_direct_accepted(mnt, make_mount):
     assert p.read_bytes() == b"new"
     fd = os.open(p, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
     os.close(fd)
-    assert (fresh(make_mount, mnt).path / "f").read_bytes() == b"new"
+    assert (fresh(make_mount, mnt.store).path / "f").read_bytes() == b"new"
 
 
 def test_ftruncate_grow_and_shrink(mnt, make_mount):
@@ -72,14 +69,14 @@ def test_ftruncate_grow_and_shrink(mnt, make_mount):
     assert p.read_bytes() == b"\0" * 100 + b"xxxxx"
     os.truncate(p, 200)
     assert p.read_bytes() == b"\0" * 100 + b"xxxxx" + b"\0" * 95
-    assert (fresh(make_mount, mnt).path / "t").read_bytes() == b"\0" * 100 + b"xxxxx" + b"\0" * 95
+    assert (fresh(make_mount, mnt.store).path / "t").read_bytes() == b"\0" * 100 + b"xxxxx" + b"\0" * 95
 
 
 def test_mmap_read(mnt, make_mount):
     p = mnt.path / "weights"
     data = os.urandom(9 * 1024 * 1024)
     p.write_bytes(data)
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     for path in (p, other.path / "weights"):
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             assert m[:1000] == data[:1000]
@@ -96,9 +93,9 @@ def test_fsync_and_fdatasync_make_durable_but_publish_at_close(mnt, make_mount):
         os.fsync(f.fileno())
         os.fdatasync(f.fileno())
         # fsync publishes nothing (issue 8 §1c): the name changes at close.
-        assert not (fresh(make_mount, mnt).path / "synced").exists()
+        assert not (fresh(make_mount, mnt.store).path / "synced").exists()
         assert p.read_bytes() == b"durable"   # this node's readers see the writer's bytes
-    assert (fresh(make_mount, mnt).path / "synced").read_bytes() == b"durable"
+    assert (fresh(make_mount, mnt.store).path / "synced").read_bytes() == b"durable"
 
 
 def test_rename_file_over_existing(mnt, make_mount):
@@ -107,7 +104,7 @@ def test_rename_file_over_existing(mnt, make_mount):
     os.rename(mnt.path / "a", mnt.path / "b")
     assert not (mnt.path / "a").exists()
     assert (mnt.path / "b").read_bytes() == b"A"
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert sorted(os.listdir(other.path)) == ["b"]
     assert (other.path / "b").read_bytes() == b"A"
 
@@ -124,25 +121,17 @@ def test_rename_directory_over_empty_directory(mnt, make_mount):
     with pytest.raises(OSError) as info:
         os.rename(mnt.path / "ckpt", mnt.path / "full")
     assert info.value.errno == errno.ENOTEMPTY
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert sorted(os.listdir(other.path)) == ["ckpt", "full"]
     assert (other.path / "ckpt" / "sub" / "w").read_bytes() == b"w"
-
-
-def _renameat2(src, dst, flags):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    AT_FDCWD = -100
-    r = libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags)
-    return 0 if r == 0 else ctypes.get_errno()
 
 
 def test_rename_noreplace(mnt):
     (mnt.path / "a").write_bytes(b"A")
     (mnt.path / "b").write_bytes(b"B")
-    assert _renameat2(mnt.path / "a", mnt.path / "b", 1) == errno.EEXIST
+    assert renameat2(mnt.path / "a", mnt.path / "b", 1) == errno.EEXIST
     assert (mnt.path / "b").read_bytes() == b"B"
-    assert _renameat2(mnt.path / "a", mnt.path / "c", 1) == 0
+    assert renameat2(mnt.path / "a", mnt.path / "c", 1) == 0
     assert (mnt.path / "c").read_bytes() == b"A"
 
 
@@ -158,7 +147,7 @@ def test_rename_open_file_before_close(mnt, make_mount):
     f.write(b"+more")
     f.close()
     assert final.read_bytes() == b"new-content+more"
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert sorted(os.listdir(other.path)) == ["model.safetensors"]
     assert (other.path / "model.safetensors").read_bytes() == b"new-content+more"
 
@@ -177,7 +166,7 @@ def test_unlink_rmdir_rmtree(mnt, make_mount):
     shutil.rmtree(d)
     assert not d.exists()
     (mnt.path / "keep").write_bytes(b"k")
-    assert os.listdir(fresh(make_mount, mnt).path) == ["keep"]
+    assert os.listdir(fresh(make_mount, mnt.store).path) == ["keep"]
 
 
 def test_unlinked_open_file_stays_readable(mnt):
@@ -207,7 +196,7 @@ def test_chmod_chown_utime_kept(mnt, make_mount):
     os.chown(p, 1234, 5678)
     os.utime(p, ns=(1_600_000_000_000_000_000, 1_600_000_000_123_456_789))
     (mnt.path / "d").mkdir(mode=0o700)
-    for root in (mnt.path, fresh(make_mount, mnt).path):
+    for root in (mnt.path, fresh(make_mount, mnt.store).path):
         st = (root / "meta").stat()
         assert stat.S_IMODE(st.st_mode) == 0o640
         assert (st.st_uid, st.st_gid) == (1234, 5678)
@@ -219,7 +208,7 @@ def test_symlinks(mnt, make_mount):
     (mnt.path / "target").write_bytes(b"t")
     os.symlink("target", mnt.path / "link")
     os.symlink("/nonexistent/abs", mnt.path / "dangling")
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     for root in (mnt.path, other.path):
         assert os.readlink(root / "link") == "target"
         assert (root / "link").read_bytes() == b"t"
@@ -245,7 +234,7 @@ def test_readdir_many_entries(mnt, make_mount):
     for name in names:
         (d / name).write_bytes(name.encode())
     assert set(os.listdir(d)) == names
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert set(os.listdir(other.path / "many")) == names
     assert (other.path / "many" / "file-0123").read_bytes() == b"file-0123"
 
@@ -260,7 +249,7 @@ def test_odd_names_roundtrip(mnt, make_mount):
     with pytest.raises(OSError) as info:
         (mnt.path / ("y" * 256)).write_bytes(b"")
     assert info.value.errno == errno.ENAMETOOLONG
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert set(os.listdir(os.fsencode(other.path))) == {os.fsencode(n) for n in names} | {raw}
     for name in names:
         assert (other.path / name).read_bytes() == name.encode()
@@ -283,7 +272,7 @@ def test_concurrent_makedirs_from_processes(mnt, make_mount):
         assert p.exitcode == 0
     d = mnt.path / "a" / "b" / "c" / "d"
     assert sorted(os.listdir(d)) == [f"rank{r}" for r in range(6)]
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert sorted(os.listdir(other.path / "a" / "b" / "c" / "d")) == [f"rank{r}" for r in range(6)]
     assert os.listdir(other.path / "a") == ["b"]
 

@@ -13,20 +13,11 @@ import threading
 
 import pytest
 
-from conftest import eventually
+from support.mounts import eventually
+from support.posix import renameat2
+from support.mounts import fresh
 
 RENAME_EXCHANGE = 2
-
-
-def fresh(make_mount, mnt):
-    """A second mount of the same store with new node-local state."""
-    return make_mount(mnt.store, name=f"fresh{os.urandom(3).hex()}")
-
-
-def _renameat2(src, dst, flags) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    r = libc.renameat2(-100, os.fsencode(src), -100, os.fsencode(dst), flags)
-    return 0 if r == 0 else ctypes.get_errno()
 
 
 # ---------------------------------------------------------------- special files
@@ -53,7 +44,7 @@ def test_special_files_are_entries_seen_by_a_fresh_mount(mnt, make_mount):
     os.chmod(root / "fifo", 0o604)
     os.rename(root / "loop", root / "loop0")
     assert sorted(os.listdir(root)) == ["fifo", "loop0", "null", "rendezvous.sock"]
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     for base in (root, other.path):
         st = os.lstat(base / "fifo")
         assert stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o604
@@ -111,7 +102,7 @@ def test_directory_link_count_is_two_plus_subdirectories(mnt, make_mount):
     os.rename(d / "b", mnt.path / "b")
     assert os.stat(d).st_nlink == 2
     assert os.stat(mnt.path).st_nlink == 4   # root: ., .., d and b
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     os.listdir(other.path / "d")
     assert os.stat(other.path / "d").st_nlink == 2
     os.listdir(other.path)
@@ -193,7 +184,7 @@ def test_user_xattrs_round_trip_and_reach_a_fresh_mount(mnt, make_mount):
     assert os.getxattr(p, "user.ckptfs.state") == b"published"
     # Writing the file again keeps its attributes (they ride with each publish).
     p.write_bytes(b"content 2")
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     q = other.path / "f"
     assert sorted(os.listxattr(q)) == ["user.checksum", "user.empty"]
     assert os.getxattr(q, "user.checksum") == b"\x00\xffbinary"
@@ -215,20 +206,20 @@ def test_rename_exchange_swaps_two_entries(mnt, make_mount):
     (mnt.path / "sub").mkdir()
     (mnt.path / "sub" / "b").write_bytes(b"B")
     ino_a = os.stat(mnt.path / "a").st_ino
-    assert _renameat2(mnt.path / "a", mnt.path / "sub" / "b", RENAME_EXCHANGE) == 0
+    assert renameat2(mnt.path / "a", mnt.path / "sub" / "b", RENAME_EXCHANGE) == 0
     assert (mnt.path / "a").read_bytes() == b"B"
     assert (mnt.path / "sub" / "b").read_bytes() == b"A"
     assert os.stat(mnt.path / "sub" / "b").st_ino == ino_a
     # A directory and a file trade places too.
     (mnt.path / "dir").mkdir()
     (mnt.path / "dir" / "inside").write_bytes(b"in")
-    assert _renameat2(mnt.path / "dir", mnt.path / "a", RENAME_EXCHANGE) == 0
+    assert renameat2(mnt.path / "dir", mnt.path / "a", RENAME_EXCHANGE) == 0
     assert (mnt.path / "a" / "inside").read_bytes() == b"in"
     assert (mnt.path / "dir").read_bytes() == b"B"
-    assert _renameat2(mnt.path / "a", mnt.path / "missing", RENAME_EXCHANGE) == errno.ENOENT
-    assert _renameat2(mnt.path / "a", mnt.path / "a" / "inside", RENAME_EXCHANGE) == \
+    assert renameat2(mnt.path / "a", mnt.path / "missing", RENAME_EXCHANGE) == errno.ENOENT
+    assert renameat2(mnt.path / "a", mnt.path / "a" / "inside", RENAME_EXCHANGE) == \
         errno.EINVAL
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     assert sorted(os.listdir(other.path)) == ["a", "dir", "sub"]
     assert (other.path / "a" / "inside").read_bytes() == b"in"
     assert (other.path / "dir").read_bytes() == b"B"
@@ -256,7 +247,7 @@ def test_hard_links_on_one_node(mnt, make_mount):
     assert info.value.errno == errno.EPERM
     with pytest.raises(FileExistsError):
         os.link(a, b)
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     oa, ob = other.path / "a", other.path / "d" / "b"
     assert ob.read_bytes() == b"FIRST" and oa.read_bytes() == b"FIRST"
     assert os.stat(oa).st_ino == os.stat(ob).st_ino
@@ -265,14 +256,14 @@ def test_hard_links_on_one_node(mnt, make_mount):
     os.unlink(a)
     assert os.stat(b).st_nlink == 1
     assert b.read_bytes() == b"FIRST"
-    third = fresh(make_mount, mnt)
+    third = fresh(make_mount, mnt.store)
     assert os.listdir(third.path / "d") == ["b"] and not (third.path / "a").exists()
     assert (third.path / "d" / "b").read_bytes() == b"FIRST"
     assert os.stat(third.path / "d" / "b").st_nlink == 1
 
 
 def test_hard_links_across_nodes(mnt, make_mount):
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     (mnt.path / "x").write_bytes(b"v1")
     os.link(mnt.path / "x", mnt.path / "y")
     ox, oy = other.path / "x", other.path / "y"
@@ -308,7 +299,7 @@ def test_a_killed_writer_of_a_linked_file_publishes_under_no_name(mnt, make_moun
     proc.wait()
     for name in ("x", "y"):
         assert (mnt.path / name).read_bytes() == b"closed"
-    other = fresh(make_mount, mnt)
+    other = fresh(make_mount, mnt.store)
     for name in ("x", "y"):
         assert (other.path / name).read_bytes() == b"closed"
 
@@ -316,7 +307,7 @@ def test_a_killed_writer_of_a_linked_file_publishes_under_no_name(mnt, make_moun
 def test_gc_keeps_the_chunks_of_linked_files_and_reports_orphan_inode_objects(
         local_store, make_mount):
     import time
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     mnt = make_mount(local_store, extra=("--gc-settle", "0.3"))
     data = os.urandom(1 << 20)
     (mnt.path / "x").write_bytes(data)

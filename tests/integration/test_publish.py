@@ -18,6 +18,7 @@ MiB = 1 << 20
 
 WRITER = r"""
 import os, sys, hashlib
+from support.mounts import fresh
 path, total_mib, stop_after_mib, mode, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 flags = os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "trunc" else 0)
 fd = os.open(path, flags, 0o644)
@@ -49,10 +50,6 @@ def start_writer(path: Path, total_mib: int, stop_after_mib: int, mode: str, see
 def pattern(seed: str, mib: int) -> bytes:
     import hashlib
     return hashlib.sha256(seed.encode()).digest() * (1 << 15) * mib
-
-
-def fresh(make_mount, store):
-    return make_mount(store, name=f"fresh{os.urandom(3).hex()}")
 
 
 def test_sigkilled_writer_of_new_file_publishes_nothing(store, make_mount):
@@ -156,7 +153,7 @@ def test_sync_close_reports_eio_then_background_retry_publishes(s3_store, make_m
     assert os.listdir(fresh(make_mount, s3_store).path) == []
     assert mnt.status()["fs"]["pending_uploads"] == 1
     control.write_text(json.dumps({"rules": []}))
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
     assert (fresh(make_mount, s3_store).path / "f").read_bytes() == b"precious"
 
@@ -178,7 +175,7 @@ def test_async_close_returns_before_upload_and_survives_daemon_sigkill(store, ma
     # Same node restarts with the same state dir (and a healthy store): it finishes them.
     control.write_text(json.dumps({"rules": []}))
     mnt.start(durability="async")
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
     other = fresh(make_mount, store)
     assert sorted(os.listdir(other.path / "ckpt")) == sorted(files)
@@ -204,7 +201,7 @@ def test_staging_disk_full_gives_enospc_and_publishes_nothing(local_store, make_
     state.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(state)], check=True)
     try:
-        from conftest import Mount
+        from support.mounts import Mount
         mnt = Mount(tmp_path, local_store, "full")
         mnt.state_dir = state
         mnt.start()
@@ -233,7 +230,7 @@ def test_async_publish_after_close_reads_the_right_bytes(store, make_mount):
     files = {f"f{i}": os.urandom(20 * MiB + i) for i in range(4)}
     for name, data in files.items():
         (mnt.path / name).write_bytes(data)
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
     stats = mnt.stats()
     assert stats["publish_failures"] == 0
@@ -285,10 +282,9 @@ def test_control_client_that_goes_away_does_not_stop_the_daemon(local_store, mak
     time.sleep(1.5)                       # the daemon's next progress send hits the reset
     control.write_text(json.dumps({"rules": []}))
     assert mnt.status()["ok"]
-    from conftest import run_ckptfs
+    from support.mounts import run_ckptfs
     run_ckptfs("wait", str(mnt.path), check=True)
     assert (mnt.path / "pending").read_bytes() == b"x"
-
 
 
 def _resident_bytes(path) -> int:

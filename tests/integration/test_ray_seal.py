@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from conftest import eventually
+from support.mounts import eventually
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 MiB = 1 << 20
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import run_ckptfs
+from support.mounts import run_ckptfs
 
 # Entry writes and deletes slowed down: the metadata log runs behind the renames, as on
 # a busy store (each round's removal of an older name holds the log for a while).

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from conftest import eventually
+from support.mounts import eventually
 
 MiB = 1 << 20
 # Entry writes slowed down on both nodes, so that two renames overlap for certain.

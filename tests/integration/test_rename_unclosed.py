@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 # Opens a new file, writes, renames it over ``t`` with the descriptor still open, then
 # waits to be killed.

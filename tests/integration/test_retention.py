@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 
 def listed(path) -> list[str]:

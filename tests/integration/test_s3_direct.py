@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from s3_direct_support import Frozen, direct_store, proxied_store, sha
+from support.s3_direct import Frozen, direct_store, proxied_store, sha
 from ckptfs.store import (NotFound, PreconditionFailed, StoreError,
                           TransientStoreError, is_permanent)
 

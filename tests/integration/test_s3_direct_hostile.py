@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from conftest import BUCKET
-from proxy import FaultProxy
-from s3_direct_support import Frozen, direct_store, proxied_store, sha
+from support.mounts import BUCKET
+from support.proxy import FaultProxy
+from support.s3_direct import Frozen, direct_store, proxied_store, sha
 from ckptfs.store import NotFound, S3Store, StoreError, is_permanent
 
 

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import uuid
 
-from conftest import BUCKET
+from support.mounts import BUCKET
 from ckptfs.store import S3Store
 
 

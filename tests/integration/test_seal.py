@@ -13,7 +13,7 @@ import time
 from multiprocessing import get_context
 
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 MiB = 1 << 20
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 
 def stale_paths(mnt) -> list[str]:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 
 @pytest.mark.expect_log_errors(r"injected transient fault")

@@ -18,7 +18,7 @@ def raw_store(request, tmp_path):
     import os
     import uuid
     os.environ.update(server.env())
-    from conftest import BUCKET
+    from support.mounts import BUCKET
     return S3Store(BUCKET, uuid.uuid4().hex[:12], server.endpoint_url)
 
 

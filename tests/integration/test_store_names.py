@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import eventually
+from support.mounts import eventually
 
 NAMES = [".tmp-model.bin", ".tmp-x", ".tmp-", ".ckptfs-tmp", ".ckptfs-lock", "model.tmp"]
 

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import eventually, run_ckptfs
+from support.mounts import eventually, run_ckptfs
 
 MiB = 1 << 20
 
@@ -152,7 +152,7 @@ def test_a_bucket_deleted_under_the_mount_stops_publishing_loudly(durability, se
     """SeaweedFS (like some S3 stores with auto-create) re-creates a deleted bucket on the
     next PUT: without a look for the store's marker, writes would go on into an empty
     store that lost ``ckptfs.json`` and every older entry (issue 21 item 11)."""
-    from conftest import StoreSpec
+    from support.mounts import StoreSpec
     bucket = f"lost-{durability}"
     seaweed.create_bucket(bucket)
     spec = StoreSpec("s3", f"s3://{bucket}/p", env=seaweed.env(), seaweed=seaweed)

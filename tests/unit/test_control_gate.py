@@ -153,7 +153,7 @@ async def test_requests_too_large_too_slow_or_too_deep_get_one_line(tmp_path, ca
 async def test_a_client_turned_away_as_busy_tries_again(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from ckptfs import api
+    from ckptfs.cli import api
 
     path = str(tmp_path / "c.sock")
     monkeypatch.setattr(api, "control_socket", lambda mountpoint: path)

@@ -12,6 +12,7 @@ import trio
 
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.format.remote import Entry, chunk_key, entry_key
+from support.core import reached
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10
@@ -21,11 +22,6 @@ OTHER = "5" * 32        # another node's directory id
 @pytest.fixture
 def core_config() -> dict:
     return {"durability": "async", "chunk_size": CS, "stale_wait": 0.2}
-
-
-async def reached(gate) -> None:
-    with trio.fail_after(20):
-        await trio.to_thread.run_sync(gate.wait_reached, 20)
 
 
 def content(store, dir_id: str, name: bytes) -> bytes:

@@ -19,6 +19,7 @@ import trio
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.format.remote import Entry, chunk_key, dir_prefix, decode_name
+from support.core import reached
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10
@@ -143,11 +144,6 @@ async def test_a_lone_node_never_loses_its_own_renames(core, seed):
                 for (d, name), m in model.items() if d == dname}
         assert store_view(store, fs.ns.get(dino).dir_id) == want, f"store's {dname}/"
     await check_names(fs, dirs, model, "after the log drained")
-
-
-async def reached(gate) -> None:
-    with trio.fail_after(20):
-        await trio.to_thread.run_sync(gate.wait_reached, 20)
 
 
 async def test_a_publish_of_a_renamed_file_waits_for_its_move(core):

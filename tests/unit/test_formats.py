@@ -16,7 +16,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 
-from ckptfs import formats
+from ckptfs.format import checkpoints as formats
 from ckptfs.format.checkpoints import FORMATS, check_complete, parse_formats
 
 

@@ -6,33 +6,17 @@ import os
 
 import trio
 
-from ckptfs.core import Config, Filesystem
-from ckptfs.meta.namespace import ROOT_INO, Namespace
-from ckptfs.procstat import Opener
-from ckptfs.data.cache import ChunkCache
-from ckptfs.data.staging import Staging
+from ckptfs.core import Filesystem
+from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import LocalStore
+from support.core import me, open_core
 
 
 async def with_fs(tmp_path, body) -> None:
+    """The core over a LocalStore, without its background tasks."""
     (tmp_path / "store").mkdir()
-    store = LocalStore(tmp_path / "store")
-    ns = Namespace(tmp_path / "meta")
-    staging = Staging(tmp_path / "staging", tmp_path / "abandoned")
-    cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
-    try:
-        async with trio.open_nursery() as nursery:
-            fs = Filesystem(ns, store, staging, cache, Config(), nursery)
-            await fs.start()
-            await body(fs)
-            nursery.cancel_scope.cancel()
-    finally:
-        staging.close_all()
-        ns.close()
-
-
-def me() -> Opener:
-    return Opener.from_tid(os.getpid())
+    async with open_core(tmp_path, LocalStore(tmp_path / "store"), run=False) as fs:
+        await body(fs)
 
 
 def test_create_of_a_name_that_exists_does_not_truncate_without_o_trunc(tmp_path):

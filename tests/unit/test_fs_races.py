@@ -15,21 +15,10 @@ from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.procstat import Opener
 from ckptfs.format.remote import Entry, chunk_key, entry_key
 from ckptfs.store import MemoryStore
+from support.core import me, reached
 
 CS = 64 << 10
 pytestmark = pytest.mark.trio
-
-
-async def reached(gate, count: int = 1) -> None:
-    """Until ``count`` calls are held at ``gate`` (the store calls arrive from threads)."""
-    with trio.fail_after(30):
-        await trio.to_thread.run_sync(gate.wait_reached, 30)
-        while len(gate.calls) < count:
-            await trio.sleep(0.01)
-
-
-def me() -> Opener:
-    return Opener.from_tid(os.getpid())
 
 
 def stored(store: MemoryStore, parent_dir_id: str, name: bytes) -> bytes:

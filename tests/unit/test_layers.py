@@ -1,7 +1,7 @@
-"""The layering is a contract (pyproject.toml, [tool.importlinter]): cli -> daemon ->
-fuse adapter -> core (fs) -> core helpers -> namespace / staging / cache / upload / publish_queue ->
-liveness -> store; the core never imports pyfuse3 and no layer below the daemon imports
-boto3 outside the S3 store.  ``lint-imports`` checks it on every run of the suite."""
+"""The layering is a contract (pyproject.toml, [tool.importlinter]) over the packages:
+cli -> node | bench -> fuse -> core -> cluster -> meta | data -> format -> store; nothing
+below the node and the FUSE adapter imports pyfuse3, and nothing but the S3 store imports
+boto3.  ``lint-imports`` checks it on every run of the suite."""
 
 from __future__ import annotations
 

@@ -70,3 +70,23 @@ def test_the_tree_is_the_architecture():
     for name in packages:
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
         assert doc, f"ckptfs/{name}/__init__.py says nothing of its job"
+
+
+def test_the_core_is_composed_behind_a_thin_facade():
+    """Issue 22: ``Filesystem`` has no bases and, with them, at most 500 lines; every
+    concern of ``core/`` is a class of its own built from the shared ``CoreState``."""
+    core = PACKAGE / "core"
+    tree = ast.parse((core / "filesystem.py").read_text())
+    facade = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Filesystem")
+    assert not facade.bases, [ast.unparse(b) for b in facade.bases]
+    assert facade.end_lineno - facade.lineno + 1 <= 500
+    concerns = {}
+    for path in core.glob("*.py"):
+        for cls in [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)]:
+            init = next((f for f in cls.body if isinstance(f, ast.FunctionDef)
+                         and f.name == "__init__"), None)
+            if init is not None and [a.arg for a in init.args.args[:2]] == ["self", "st"]:
+                concerns[path.stem] = cls.name
+    assert set(concerns) >= {"attributes", "entries", "metalog", "names", "opening",
+                             "publish", "read", "recovery", "refresh", "rename", "seal",
+                             "status", "write"}, concerns

@@ -2,7 +2,7 @@
 
 import re
 
-from logcheck import bad_records
+from support.logcheck import bad_records
 
 LOG = """\
 2026-01-01 10:00:00,001 INFO ckptfs.node.daemon: mounted file:///s on /m

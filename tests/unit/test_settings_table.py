@@ -4,10 +4,12 @@ flag, with one parser and one default; the core's Config keeps the table's defau
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from ckptfs.cli.commands import build_parser
+from ckptfs.cluster.retention import Rule
 from ckptfs.node.config import SETTINGS, Settings, load
 from ckptfs.core import Config
 from ckptfs.node.fstab import mount_argv
@@ -58,6 +60,16 @@ def test_the_mount_flags_are_the_table_and_a_few_of_the_command_s_own():
 def test_settings_fields_are_the_table_plus_profiles_and_retention():
     assert [f.name for f in dataclasses.fields(Settings)] == \
         [s.name for s in SETTINGS] + ["profiles", "retention"]
+
+
+def test_settings_fields_have_the_table_s_types_and_defaults():
+    # Settings is written out for the type checker (issue 22): its fields must not drift
+    # from the rows.
+    hints = typing.get_type_hints(Settings, localns={"Rule": Rule})
+    defaults = Settings()
+    for s in SETTINGS:
+        assert hints[s.name] == s.type, s.name
+        assert getattr(defaults, s.name) == s.default, s.name
 
 
 def test_the_core_config_keeps_the_table_s_defaults():

@@ -9,31 +9,21 @@ import os
 import pytest
 import trio
 
-from ckptfs.data.cache import ChunkCache
-from ckptfs.core import Config, Filesystem
+from ckptfs.core import Config
 from ckptfs.errors import FsError
-from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.procstat import Opener
-from ckptfs.data.staging import Staging
 from ckptfs.store import LocalStore
+from support.core import open_core
 
 
 async def with_fs(tmp_path, durability: str, body) -> None:
+    """The core over a LocalStore whose namespace has a tiny LMDB map."""
     (tmp_path / "store").mkdir()
     store = LocalStore(tmp_path / "store")
-    ns = Namespace(tmp_path / "meta", map_size=256 << 10)
-    staging = Staging(tmp_path / "staging", tmp_path / "abandoned")
-    cache = ChunkCache(tmp_path / "cache", store, 1 << 30, trio.CapacityLimiter(4))
-    try:
-        async with trio.open_nursery() as nursery:
-            fs = Filesystem(ns, store, staging, cache, Config(durability=durability), nursery)
-            await nursery.start(fs.run)
-            await fs.start()
-            await body(fs, store)
-            nursery.cancel_scope.cancel()
-    finally:
-        staging.close_all()
-        ns.close()
+    async with open_core(tmp_path, store, Config(durability=durability),
+                         map_size=256 << 10) as fs:
+        await body(fs, store)
 
 
 def store_names(store: LocalStore) -> set[str]:

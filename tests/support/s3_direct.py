@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from conftest import BUCKET
-from proxy import FaultProxy
+from support.mounts import BUCKET
+from support.proxy import FaultProxy
 from ckptfs.store import S3Store
 
 

@@ -1,0 +1,121 @@
+"""Opening a file and the versions readers keep: a handle's snapshot of the version it
+opened, the staging versions in use and when one may go, the page-cache flags for the
+kernel.  Must not know the store, FUSE, publishing or refresh."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import OrderedDict
+
+from ..errors import FsError
+from ..meta.namespace import Inode
+from ..procstat import Opener
+from .chunkmap import ChunkMap
+from .state import CoreState, Handle, PAGE_VERSIONS_KEPT
+from .write import WritePath
+
+
+
+class Opening:
+    """Owns the next file handle number and ``page_versions`` (the version the kernel page
+    cache of an inode may hold; outlives the handles, bounded)."""
+
+    def __init__(self, st: CoreState, *, writes: WritePath) -> None:
+        self.st = st
+        self.writes = writes
+        self._next_fh = 1
+        self.page_versions: OrderedDict[int, object] = OrderedDict()
+
+    def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
+        handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
+        self._next_fh += 1
+        self.st.handles[handle.fh] = handle
+        rt = self.st._rt(inode.ino)
+        rt.handles.add(handle.fh)
+        if writable:
+            rt.writers += 1
+            session = handle.session = rt.session
+            assert session is not None, "a writable open joins a session first"
+            session.handles.add(handle.fh)
+        elif rt.session is None:
+            handle.snapshot = self._version_of(inode)
+            if handle.snapshot[0] == "staging":
+                self.st._ref(rt, handle.snapshot[1])
+        return handle
+
+    def _version_of(self, inode: Inode) -> tuple:
+        """The closed version a reader opening now gets."""
+        if inode.dirty or inode.local_copy:
+            return ("staging", inode.ver)
+        return ("chunks", ChunkMap(inode.chunks), inode.size)
+
+    async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        """A new handle, with the page-cache flags the kernel gets for it
+        (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
+        if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+            with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
+                handle = await self._open(ino, flags, opener)
+        else:
+            handle = await self._open(ino, flags, opener)
+        handle.keep_cache, handle.direct_io = self._cache_flags(handle)
+        return handle
+
+    async def _open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        inode = self.st.ns.get(ino)
+        if inode.type == "dir":
+            raise FsError(errno.EISDIR)
+        if inode.type != "file":
+            raise FsError(errno.EINVAL)
+        accmode = flags & os.O_ACCMODE
+        writable = accmode in (os.O_WRONLY, os.O_RDWR)
+        truncate = bool(flags & os.O_TRUNC) and writable
+        if writable:
+            session = await self.writes._join_session(inode, truncate)
+            if truncate:
+                session.wrote = True
+        inode = self.st.ns.get(ino)
+        if not inode.parent:
+            raise FsError.enoent("removed while opening")
+        handle = self._new_handle(inode, opener, writable)
+        if writable:
+            await self.st.leases.writing(inode)
+        return handle
+
+    def open_flags(self, handle: Handle) -> tuple[bool, bool]:
+        """(keep_cache, direct_io) of a handle, as ``open`` decided them."""
+        return handle.keep_cache, handle.direct_io
+
+    def _cache_flags(self, handle: Handle) -> tuple[bool, bool]:
+        """(keep_cache, direct_io) for the kernel, decided once at open (it records the
+        version the kernel's pages hold from now on).  The page cache of an inode is shared
+        by all its handles: a reader that opens a version other than the one the cache
+        may hold drops it (no keep_cache), and while readers of two versions are open,
+        the newer ones bypass it (direct_io) so each reads its own version."""
+        rt = self.st._rt(handle.ino)
+        pages = self.page_versions
+        if handle.writable or rt.session is not None or handle.snapshot[0] == "live":
+            pages.pop(handle.ino, None)
+            return False, False
+        version = self._snapshot_key(handle)
+        others = {self._snapshot_key(self.st.handles[fh]) for fh in rt.handles
+                  if fh != handle.fh and fh in self.st.handles}
+        if others - {version}:
+            return False, True
+        keep = pages.get(handle.ino) == version
+        pages[handle.ino] = version
+        pages.move_to_end(handle.ino)
+        if len(pages) > PAGE_VERSIONS_KEPT:
+            pages.popitem(last=False)
+        return keep, False
+
+    @staticmethod
+    def _snapshot_key(handle: Handle) -> object:
+        snap = handle.snapshot
+        if snap[0] == "chunks":
+            return ("chunks", snap[1].shas)
+        return snap[:2]   # ("staging", ver) or ("live",)
+
+    def keep_cache(self, handle: Handle) -> bool:
+        return handle.keep_cache
+

@@ -1,0 +1,108 @@
+"""The core without FUSE: a ``Filesystem`` over a store in a trio nursery, and the
+calls a user's program makes through the kernel (create/write/close, read, ls) made
+directly on its façade.
+
+Knows the ``Filesystem`` façade's public methods (the ones ``ckptfs/fuse/ops.py``
+calls) and the stores; nothing of the concern classes behind the façade or their
+private attributes, so it survives rewrites of ``ckptfs/core/`` internals.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ckptfs.core import Config, Filesystem
+from ckptfs.data.cache import ChunkCache
+from ckptfs.data.staging import Staging
+from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.procstat import Opener
+from ckptfs.store.base import ObjectStore
+
+WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+def me() -> Opener:
+    """This process as the opener of a file (a live writer that means its close)."""
+    return Opener.from_tid(os.getpid())
+
+
+async def reached(gate: Any, count: int = 1) -> None:
+    """Until ``count`` store calls are held at ``gate`` (``MemoryStore.gate``); the
+    calls arrive from worker threads."""
+    with trio.fail_after(30):
+        await trio.to_thread.run_sync(gate.wait_reached, 30)
+        while len(gate.calls) < count:
+            await trio.sleep(0.01)
+
+
+@asynccontextmanager
+async def open_core(base: Path, store: ObjectStore, config: Config | None = None,
+                    map_size: int | None = None, run: bool = True, **fs_kwargs: Any
+                    ) -> AsyncIterator[Filesystem]:
+    """A started ``Filesystem`` with its own namespace, staging and cache under
+    ``base``, over ``store``; its background tasks (publishing, the metadata log) run
+    in a nursery of its own when ``run``; ``fs_kwargs`` go to the ``Filesystem``
+    constructor (e.g. ``check_complete``).  Closed on exit."""
+    ns = Namespace(base / "meta") if map_size is None else Namespace(base / "meta",
+                                                                      map_size=map_size)
+    staging = Staging(base / "staging", base / "abandoned")
+    cache = ChunkCache(base / "cache", store, 1 << 30, trio.CapacityLimiter(4))
+    try:
+        async with trio.open_nursery() as nursery:
+            fs = Filesystem(ns, store, staging, cache, config or Config(), nursery,
+                            **fs_kwargs)
+            if run:
+                await nursery.start(fs.run)
+            await fs.start()
+            yield fs
+            nursery.cancel_scope.cancel()
+    finally:
+        staging.close_all()
+        ns.close()
+
+
+@dataclass
+class Core:
+    """A ``Filesystem`` and the store under it, with the calls of a user's program."""
+
+    fs: Filesystem
+    store: Any
+
+    @staticmethod
+    def me() -> Opener:
+        return me()
+
+    async def save(self, parent: int, name: bytes, data: bytes) -> int:
+        """create, write, close: like ``open(name, "wb").write(data)``."""
+        handle, inode = await self.fs.create(parent, name, 0o644, WRITE_NEW, 0, 0, me())
+        await self.fs.write(handle.fh, 0, data)
+        await self.fs.flush(handle.fh)
+        await self.fs.release(handle.fh)
+        return inode.ino
+
+    async def load(self, ino: int) -> bytes:
+        """open, read all, close."""
+        handle = await self.fs.open(ino, os.O_RDONLY, me())
+        try:
+            size = self.fs.getattr(ino).size
+            return await self.fs.read(handle.fh, 0, max(size, 1))
+        finally:
+            await self.fs.release(handle.fh)
+
+    async def resolve(self, path: str) -> int:
+        """The inode of ``a/b/c`` under the root, looked up name by name."""
+        ino = ROOT_INO
+        for part in [p for p in path.split("/") if p]:
+            ino = (await self.fs.lookup(ino, part.encode())).ino
+        return ino
+
+    async def names(self, ino: int = ROOT_INO) -> list[str]:
+        """What a listing of ``ino`` shows, sorted (``.`` and ``..`` left out)."""
+        return sorted(name.decode() for name, _ in await self.fs.listdir(ino))

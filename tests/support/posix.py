@@ -1,0 +1,50 @@
+"""POSIX calls Python's os module lacks, users to run tests as, and directories every
+user may enter.
+
+Knows nothing of ckptfs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+AT_FDCWD = -100
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+def renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> int:
+    """``renameat2(2)``: 0, or the errno it failed with."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags)
+    return 0 if r == 0 else ctypes.get_errno()
+
+
+def system_user(name: str) -> pwd.struct_passwd:
+    """The user ``name``, made (a system user with no home) if it is not there yet."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                        name], check=True)
+        return pwd.getpwnam(name)
+
+
+@contextmanager
+def open_dir(prefix: str) -> Iterator[Path]:
+    """A directory every user may enter (tmp_path's parents are root's only), removed
+    afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

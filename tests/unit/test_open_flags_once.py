@@ -1,0 +1,51 @@
+"""Opening for read answers the kernel in one call: the core's ``open`` decides the
+page-cache flags (keep_cache, direct_io; see test_page_cache_flags.py for which) and
+the FUSE adapter passes them on without asking again."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from ckptfs.core.state import Handle
+from ckptfs.fuse.ops import FuseOps
+from ckptfs.meta.namespace import ROOT_INO as ROOT
+from ckptfs.procstat import Opener
+
+pytestmark = pytest.mark.trio
+
+
+async def test_open_decides_the_cache_flags(core):
+    ino = await core.save(ROOT, b"model.pt", b"a" * 10000)
+    first = await core.fs.open(ino, os.O_RDONLY, core.me())
+    await core.fs.release(first.fh)
+    again = await core.fs.open(ino, os.O_RDONLY, core.me())
+    assert (again.keep_cache, again.direct_io) == (True, False)
+    await core.save(ROOT, b"model.pt", b"b" * 10000)
+    newer = await core.fs.open(ino, os.O_RDONLY, core.me())
+    assert (newer.keep_cache, newer.direct_io) == (False, True)   # `again` reads the old
+    await core.fs.release(again.fh)
+    await core.fs.release(newer.fh)
+
+
+class _OneCallCore:
+    """A core that only answers ``open``: any second question is an error."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
+        self.calls.append("open")
+        handle = Handle(fh=7, ino=ino, opener=opener, writable=False)
+        handle.keep_cache, handle.direct_io = True, False
+        return handle
+
+
+async def test_the_adapter_opens_with_one_call():
+    fs = _OneCallCore()
+    ops = FuseOps(fs, "/control", ttl=1.0)    # type: ignore[arg-type]
+    info = await ops.open(5, os.O_RDONLY, SimpleNamespace(pid=os.getpid()))
+    assert (info.fh, info.keep_cache, info.direct_io) == (7, True, False)
+    assert fs.calls == ["open"]
