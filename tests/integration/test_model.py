@@ -60,8 +60,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
                                  run_state_machine_as_test)
 
 from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
-from logcheck import bad_records, daemon_logs
-from proxy import FaultProxy
+from support.logcheck import bad_records, daemon_logs
+from support.proxy import FaultProxy
 from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
                            observe, parent_of, version_bytes)
 
