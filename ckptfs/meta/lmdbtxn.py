@@ -55,7 +55,7 @@ class Transactions:
             self._rolled_back()
             if isinstance(exc, lmdb.MapFullError):
                 raise FsError(errno.ENOSPC, f"{self.path}: the LMDB map is full") from None
-            if isinstance(exc, lmdb.Error) and out_of_space(exc):
+            if isinstance(exc, lmdb.Error) and out_of_space(exc, free_bytes(self.path)):
                 raise FsError(errno.ENOSPC, f"{self.path}: {exc}") from None
             raise
         self._committed()
@@ -77,8 +77,25 @@ class Transactions:
         """A write transaction is on disk."""
 
 
-def out_of_space(exc: lmdb.Error) -> bool:
+# Below this much free space, an I/O error from LMDB's commit is taken for a full disk:
+# LMDB reports a short write (what a nearly full disk gives) as EIO, not ENOSPC.
+NEARLY_FULL = 16 << 20
+
+
+def out_of_space(exc: lmdb.Error, free: int | None = None) -> bool:
     """LMDB says a write failed for want of disk space (its errors carry no errno, only
-    the C library's message)."""
+    the C library's message): ENOSPC or EDQUOT, or EIO (a short write) while the disk
+    has less than ``NEARLY_FULL`` bytes free (``free``, None if unknown)."""
     text = str(exc)
-    return any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT))
+    if any(os.strerror(code) in text for code in (errno.ENOSPC, errno.EDQUOT)):
+        return True
+    return os.strerror(errno.EIO) in text and free is not None and free < NEARLY_FULL
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free for this process on the file system of ``path`` (None if unknown)."""
+    try:
+        st = os.statvfs(path if path.is_dir() else path.parent)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

@@ -86,3 +86,18 @@ def test_create_on_a_full_lmdb_map_is_enospc_and_leaves_nothing(tmp_path, durabi
         assert made > 10
 
     trio.run(with_fs, tmp_path, durability, body)
+
+
+def test_an_lmdb_io_error_on_a_nearly_full_disk_is_out_of_space():
+    """LMDB reports a short write (a nearly full disk) as EIO, not ENOSPC: the model
+    test's full tmpfs state dir made ``mkdir`` answer EIO and leave its store entry
+    behind (seed 101).  EIO with room left stays an I/O error."""
+    import lmdb
+    from ckptfs.meta.lmdbtxn import NEARLY_FULL, out_of_space
+    eio = lmdb.Error("mdb_txn_commit: Input/output error")
+    assert out_of_space(eio, free=4096)
+    assert out_of_space(eio, free=NEARLY_FULL - 1)
+    assert not out_of_space(eio, free=NEARLY_FULL * 4)
+    assert not out_of_space(eio, free=None)
+    assert out_of_space(lmdb.Error("mdb_put: No space left on device"), free=None)
+    assert not out_of_space(lmdb.Error("mdb_get: Invalid argument"), free=0)
