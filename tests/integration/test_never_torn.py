@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.mounts import eventually
+from support.mounts import eventually, fresh
 
 MiB = 1 << 20
 
@@ -193,7 +193,6 @@ def _digest_in_child(path: Path) -> str:
 
 INTERRUPTED_SAVE = r"""
 import os, signal, sys, torch
-from support.mounts import fresh
 path, how = sys.argv[1], sys.argv[2]
 
 class Boom:

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from support.mounts import fresh
+
 MiB = 1 << 20
 
 WRITER = r"""
 import os, sys, hashlib
-from support.mounts import fresh
 path, total_mib, stop_after_mib, mode, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 flags = os.O_CREAT | os.O_WRONLY | (os.O_TRUNC if mode == "trunc" else 0)
 fd = os.open(path, flags, 0o644)

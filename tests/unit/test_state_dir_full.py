@@ -9,7 +9,7 @@ import os
 import pytest
 import trio
 
-from ckptfs.core import Config
+from ckptfs.core import Config, Filesystem
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.procstat import Opener
