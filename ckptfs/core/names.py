@@ -336,6 +336,7 @@ class Names:
             raise FsError(errno.EPERM, "hard links to directories")
         await self._check_absent(new_parent, new_name)
         new_dir = self._dir(new_parent)
+        await self._follow_the_log("hard link")
         rt = self._rt(ino)
         async with rt.lock:
             inode = self.ns.get(ino)

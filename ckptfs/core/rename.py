@@ -57,6 +57,12 @@ class Rename:
                 not (target is not None and target.link_id):
             await self._rename_local(inode, old_parent, old_name, new_parent, new_name)
             return
+        if self._deferred():
+            # The store steps below act at once: after the records pending now.
+            await self._follow_the_log("rename")
+            if self.ns.lookup(new_parent, new_name) != (target.ino if target else None):
+                raise FsError(errno.EAGAIN, "the target changed while renaming")
+            target = self.ns.get(target.ino) if target is not None else None
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
             await self._wait_uploads_under(inode.ino)
@@ -186,6 +192,7 @@ class Rename:
         """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
         claimed as in a rename (decision 0006), the swap is journaled, then each key
         gets the other's entry (If-Match its claim)."""
+        await self._follow_the_log("exchange")   # async: acts on the store at once
         a = await self.lookup(a_parent, a_name)
         b = await self.lookup(b_parent, b_name)
         self._dir(a_parent)
