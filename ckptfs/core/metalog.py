@@ -171,42 +171,63 @@ class MetaLogApply:
         if record.get("type") == "dir":
             await self._wait_publishes_before(seq, ino)
         inode = self.st.ns.maybe_get(ino)
-        if inode is None or not inode.parent or inode.link_id:
-            # Removed here since: what the store has under the old name goes (its
-            # delete, later in the log, looks under the name it had then).
-            await self.entries._delete_if_same(old_key, record.get("ident"))
-            await self.entries._delete_if_same(new_key, replaced)
+        if inode is None or self._removed_since(inode):
+            await self._move_of_removed(record, old_key, new_key, replaced)
             return
         seals = bool(record.get("seals")) and inode.staged and \
             not self.seals._pending_under(ino, list(self.st.queue.failed))
         if seals and not await self.st.leases.may_seal(ino):
             seals = False    # other nodes still write below it: pending (leases.py)
         async with self.st._rt(ino).lock:
-            inode = self.st.ns.get(ino)
-            try:
-                await self.renames._move_entry(inode, old_key, new_key, seals)
-            except FsError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
-                # Not in the store under its old name.  Never published there: its own
-                # publish writes the new name (a file with no closed version yet holds
-                # the entry it replaced instead: ``replaced`` is None, rename.py).
-                # Published, so another node moved or removed it first: this rename lost
-                # the race (as if it had come second), and the entry it would have
-                # replaced stays.
+            now = self.st.ns.maybe_get(ino)
+            if now is None or self._removed_since(now):   # while this waited for the lock
                 seals = False
-                if inode.dirty or ino in self.st.queue.queued or not inode.published:
-                    log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
-                    await self.entries._delete_if_same(new_key, replaced)
-                else:
-                    log.warning("rename to %s lost a race: another node moved or removed "
-                                "%s first; what the store has stays", new_key, old_key)
-            if seals:
-                inode.staged = False
-            self.st.ns.save(inode)
+                await self._move_of_removed(record, old_key, new_key, replaced)
+            else:
+                inode = now
+                seals = await self._move_locked(inode, old_key, new_key, seals, replaced)
         self.st._drop_rt(ino)
         if seals:
             self.seals._sealed(inode)
+
+    async def _move_locked(self, inode: Inode, old_key: str, new_key: str, seals: bool,
+                           replaced: str | None) -> bool:
+        """The store steps of a move, under the inode's lock; whether it sealed."""
+        ino = inode.ino
+        try:
+            await self.renames._move_entry(inode, old_key, new_key, seals)
+        except FsError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            # Not in the store under its old name.  Never published there: its own
+            # publish writes the new name (a file with no closed version yet holds
+            # the entry it replaced instead: ``replaced`` is None, rename.py).
+            # Published, so another node moved or removed it first: this rename lost
+            # the race (as if it had come second), and the entry it would have
+            # replaced stays.
+            seals = False
+            if inode.dirty or ino in self.st.queue.queued or not inode.published:
+                log.debug("move %s -> %s: %s", old_key, new_key, exc.reason)
+                await self.entries._delete_if_same(new_key, replaced)
+            else:
+                log.warning("rename to %s lost a race: another node moved or removed "
+                            "%s first; what the store has stays", new_key, old_key)
+        if seals:
+            inode.staged = False
+        self.st.ns.save(inode)
+        return seals
+
+    @staticmethod
+    def _removed_since(inode: Inode | None) -> bool:
+        return inode is None or not inode.parent or bool(inode.link_id)
+
+    async def _move_of_removed(self, record: dict, old_key: str, new_key: str,
+                               replaced: str | None) -> None:
+        """The moved name was removed here since (or hard-linked: its names are then
+        written by its publish): what the store has under the old name goes (its
+        delete, later in the log, looks under the name it had then)."""
+        await self.entries._delete_if_same(old_key, record.get("ident"))
+        await self.entries._delete_if_same(new_key, replaced)
 
     async def _exec_put(self, record: dict) -> None:
         """The entry of a name made here with no data (symlink, special file), under the
@@ -258,9 +279,9 @@ class MetaLogApply:
             return   # other nodes still write below it: pending (leases.py)
         key = self._logged_key(record)
         async with self.st._rt(ino).lock:
-            inode = self.st.ns.get(ino)
-            if not inode.staged or not inode.parent:
-                return
+            inode = self.st.ns.maybe_get(ino)
+            if inode is None or not inode.staged or not inode.parent:
+                return      # removed (or sealed) here while this waited
             inode.staged, inode.sealed_at = False, time.time()
             try:
                 await self.entries._rewrite_entry(inode, key)

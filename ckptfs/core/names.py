@@ -367,6 +367,7 @@ class Names:
             raise FsError(errno.EPERM, "hard links to directories")
         await self._check_absent(new_parent, new_name)
         new_dir = self.st._dir(new_parent)
+        await self.st.follow_the_log("hard link")
         rt = self.st._rt(ino)
         async with rt.lock:
             inode = self.st.ns.get(ino)

@@ -77,6 +77,12 @@ class Rename:
                 not (target is not None and target.link_id):
             await self._rename_local(inode, old_parent, old_name, new_parent, new_name)
             return
+        if self.st._deferred():
+            # The store steps below act at once: after the records pending now.
+            await self.st.follow_the_log("rename")
+            if self.st.ns.lookup(new_parent, new_name) != (target.ino if target else None):
+                raise FsError(errno.EAGAIN, "the target changed while renaming")
+            target = self.st.ns.get(target.ino) if target is not None else None
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
             await self.seals._wait_uploads_under(inode.ino)
@@ -207,6 +213,7 @@ class Rename:
         """RENAME_EXCHANGE: two existing names trade their objects.  Both entries are
         claimed as in a rename (decision 0006), the swap is journaled, then each key
         gets the other's entry (If-Match its claim)."""
+        await self.st.follow_the_log("exchange")   # async: acts on the store at once
         a = await self.names.lookup(a_parent, a_name)
         b = await self.names.lookup(b_parent, b_name)
         self.st._dir(a_parent)

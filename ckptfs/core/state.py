@@ -229,6 +229,24 @@ class CoreState:
 
     # ------------------------------------------------------------------ helpers
 
+    async def follow_the_log(self, what: str) -> None:
+        """Async mode: a step that acts on the store at once (a hard link, the rename of
+        a hard-linked name, an exchange) acts on the names as the store has them, so the
+        records pending now are applied first -- else it would look for a name under
+        the key a pending rename has not moved it to yet (ENOENT), or write over a name
+        a pending rename has still to move away (that file lost in the store).  Bounded
+        by ``store_timeout``: then EIO, and nothing is changed."""
+        if not self._deferred():
+            return
+        epoch = self.oplog.epoch()
+        if self.oplog.done_through(epoch):
+            return
+        with trio.move_on_after(self.config.store_timeout):
+            await self.oplog.wait_through(epoch)
+            return
+        raise FsError(errno.EIO, f"{what}: earlier metadata changes of this node are not in "
+                                 f"the store yet (ckptfs status)")
+
     def _deferred(self) -> bool:
         """Async mode: metadata changes are local first, the store follows in order."""
         return self.config.durability == "async"

@@ -118,6 +118,11 @@ class MetaLog:
         return any(r.get("kind") == kind and r.get("ino") == ino
                    for r in self.pending.values())
 
+    async def wait_through(self, epoch: int) -> None:
+        """Until every record up to ``epoch`` is applied."""
+        while not self.done_through(epoch):
+            await self._changed.wait()
+
     async def wait_idle(self) -> None:
         while self.pending:
             await self._changed.wait()

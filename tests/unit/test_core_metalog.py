@@ -135,3 +135,33 @@ async def test_a_move_another_node_beat_keeps_the_file_it_would_have_replaced(co
     handle = await fs.open(inode.ino, os.O_RDONLY, core.me())
     assert await fs.read(handle.fh, 0, 100) == b"kept"
     await fs.release(handle.fh)
+
+
+async def test_a_move_whose_file_is_unlinked_while_it_waits_for_the_lock_is_applied(
+        core, caplog):
+    # mv x y; rm y -- the unlink holds the inode's lock when the log's move comes to
+    # it, and the inode is gone when the move gets the lock.  Before: the move failed
+    # with ENOENT, said "needs an operator" and held the records after it back.
+    fs, store = core.fs, core.store
+    ino = await core.save(ROOT_INO, b"x", b"data")
+    await core.save(ROOT_INO, b"other", b"o")
+    await fs.wait_idle()
+    earlier = store.gate("get", prefix=entry_key("root", b"other"))
+    await fs.unlink(ROOT_INO, b"other")                   # an earlier record, held
+    await reached(earlier)
+    await fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", 0)
+    lock = fs.st._rt(ino).lock
+    async with trio.open_nursery() as nursery:
+        async with lock:
+            nursery.start_soon(fs.unlink, ROOT_INO, b"y")
+            with trio.fail_after(10):
+                while lock.statistics().tasks_waiting < 1:      # the unlink waits
+                    await trio.sleep(0.01)
+                earlier.release()
+                while lock.statistics().tasks_waiting < 2:      # then the log's move
+                    await trio.sleep(0.01)
+    with trio.fail_after(30):
+        await fs.wait_idle()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    assert not store.exists(entry_key("root", b"x"))
+    assert not store.exists(entry_key("root", b"y"))

@@ -18,7 +18,7 @@ import trio
 
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
-from ckptfs.format.remote import Entry, chunk_key, dir_prefix, decode_name
+from ckptfs.format.remote import Entry, chunk_key, dir_prefix, decode_name, inode_key
 from support.core import reached
 
 pytestmark = pytest.mark.trio
@@ -43,6 +43,8 @@ def store_view(store, dir_id: str) -> dict[bytes, tuple]:
         if "/" in rest:
             continue
         entry = Entry.from_json(store.get(obj.key)[0])
+        if entry.type == "link":        # a hard-linked name: its shared inode object
+            entry = Entry.from_json(store.get(inode_key(entry.link))[0])
         if entry.type == "file":
             what = b"".join(store.get(chunk_key(sha))[0] for sha, _ in entry.chunks)
         elif entry.type == "symlink":
@@ -68,8 +70,11 @@ async def check_names(fs, dirs: dict, model: dict, step: str) -> None:
             assert got.uid == want["uid"], f"{step}: {dname}/{name!r} uid {got.uid}"
 
 
+@pytest.mark.parametrize("links", [False, True], ids=["", "with-links"])
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-async def test_a_lone_node_never_loses_its_own_renames(core, seed):
+async def test_a_lone_node_never_loses_its_own_renames(core, seed, links):
+    """``links``: hard links too (a name made for an inode already named; both names
+    share one model record, so a chown of one shows under the other)."""
     fs, store = core.fs, core.store
     rnd = random.Random(seed)
     # Every store call takes a random moment, so the log, the publish queue and the
@@ -107,7 +112,12 @@ async def test_a_lone_node_never_loses_its_own_renames(core, seed):
 
     async def rename(src: tuple[str, bytes], dst: tuple[str, bytes]) -> None:
         await fs.rename(dirs[src[0]], src[1], dirs[dst[0]], dst[1], 0)
-        model[dst] = model.pop(src)
+        if model.get(dst) is not model[src]:    # two names of one inode: nothing moves
+            model[dst] = model.pop(src)
+
+    async def link(src: tuple[str, bytes], dst: tuple[str, bytes]) -> None:
+        await fs.link(model[src]["ino"], dirs[dst[0]], dst[1])
+        model[dst] = model[src]
 
     for step in range(60):
         src = rnd.choice([w for w in model] or [("a", b"x")])
@@ -115,6 +125,10 @@ async def test_a_lone_node_never_loses_its_own_renames(core, seed):
             await create(src)
         dst = (rnd.choice("ab"), rnd.choice(NAMES))
         if dst == src:
+            continue
+        if links and dst not in model and rnd.random() < 0.3:
+            await link(src, dst)
+            await check_names(fs, dirs, model, f"step {step} link {src}->{dst}")
             continue
         op = rnd.random()
         if op < 0.5:
