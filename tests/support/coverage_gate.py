@@ -28,8 +28,10 @@ FLOOR = 80.0
 CORE = Path(__file__).resolve().parents[2] / "ckptfs" / "core"
 TESTS = Path(__file__).resolve().parents[1]
 UNIT = TESTS / "unit"
-DIR_VAR = "CKPTFS_CORE_COVERAGE_DIR"
-OWNER_VAR = "CKPTFS_CORE_COVERAGE_OWNER"
+# Not CKPTFS_*: every daemon a test starts inherits the environment, and ckptfs refuses
+# CKPTFS_* settings it does not know.
+DIR_VAR = "CORE_COVERAGE_DIR_CKPTFS_TESTS"
+OWNER_VAR = "CORE_COVERAGE_OWNER_CKPTFS_TESTS"
 LINE = "core coverage without FUSE"
 
 _figure = pytest.StashKey[str]()

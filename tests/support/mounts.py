@@ -42,10 +42,7 @@ def run_ckptfs(*args: str, env: dict | None = None, timeout: float = 120,
                ) -> subprocess.CompletedProcess:
     """``preexec_fn`` runs in the child before ``ckptfs`` starts (e.g. a lower
     ``RLIMIT_NOFILE``, which the daemon ``mount`` forks inherits)."""
-    # The test process's coverage gate (support/coverage_gate.py) is not the daemon's:
-    # ckptfs refuses CKPTFS_* settings it does not know.
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("CKPTFS_CORE_COVERAGE_")}
+    full_env = dict(os.environ)
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "ckptfs", *args], env=full_env,
                           capture_output=True, text=True, timeout=timeout,
