@@ -36,7 +36,9 @@ CS = 16 << 10
 SIZES = (0, 100, CS, CS + 7, 2 * CS + 1)
 DIRS = ("", "d0", "d1")
 NAMES = ("f0", "f1", "f2")
-EXAMPLES = int(os.environ.get("CKPTFS_CORE_MODEL_EXAMPLES", "200"))
+# Taken out of the environment, like test_model.py's knobs: daemons the integration tests
+# start inherit it, and ckptfs refuses CKPTFS_* settings it does not know.
+EXAMPLES = int(os.environ.pop("CKPTFS_CORE_MODEL_EXAMPLES", "200"))
 
 
 def version_bytes(vid: int, size: int) -> bytes:
