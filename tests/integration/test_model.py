@@ -680,9 +680,10 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def writer_close(self, data):
         fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
-        m, writer = self.writers.pop(fid)
+        m, writer = self.writers[fid]
         if not self.before_step(m):
             return
+        del self.writers[fid]
         self.note(f"{'AB'[m]}: writer of v{writer.vid} finishes and closes")
         writer.command("close")
         content = self.model.files[fid].pending
@@ -696,9 +697,10 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def writer_kill(self, data):
         fid = data.draw(st.sampled_from(sorted(self.writers)), label="writer")
-        m, writer = self.writers.pop(fid)
+        m, writer = self.writers[fid]
         if not self.before_step(m):
             return
+        del self.writers[fid]
         self.note(f"{'AB'[m]}: writer of v{writer.vid} SIGKILLed after {writer.written} B")
         writer.kill()
         self.model.lose_writer(fid)
