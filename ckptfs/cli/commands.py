@@ -321,8 +321,11 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
         return fail(str(exc))
     if done is None:
         return fail(f"{mountpoint}: the daemon closed the connection early")
+    from ..procstat import fstype_of_mount
+    from .api import FSTYPE
     deadline = time.monotonic() + 60
-    while os.path.ismount(mountpoint):
+    # The mount gone, not just any mount there: a container's volume stays a mount point.
+    while fstype_of_mount(os.fsencode(os.path.realpath(mountpoint))) == FSTYPE:
         if time.monotonic() > deadline:
             return fail(f"{mountpoint} is still mounted after 60 s")
         time.sleep(0.05)

@@ -22,6 +22,7 @@ import stat
 from pathlib import Path
 
 from ..errors import MountError
+from ..procstat import fstype_of_mount
 
 FUSE_DEVICE = "/dev/fuse"
 FUSE_RDEV = (10, 229)                       # misc device 229 (Documentation/admin-guide/devices.txt)
@@ -36,7 +37,8 @@ NO_DEVICE_ADVICE = ("load the fuse module on the host, or give the container the
 
 
 def check_mountpoint(path: Path) -> None:
-    """A directory, empty, not mounted on, not the leftover of a daemon that died."""
+    """A directory, empty, not mounted on (but for an empty volume of a container, made to
+    be mounted on), not the leftover of a daemon that died."""
     try:
         st = os.stat(path)
         if os.path.ismount(path):
@@ -51,7 +53,7 @@ def check_mountpoint(path: Path) -> None:
         if not os.path.ismount(path):
             raise MountError(f"mount point {path}: {exc.strerror}") from None
         st = None
-    if os.path.ismount(path):
+    if os.path.ismount(path) and _in_use(path):
         raise MountError(f"{path} is already a mount point (in use): unmount it first, "
                          f"or choose another mount point")
     if st is None or not stat.S_ISDIR(st.st_mode):
@@ -63,6 +65,16 @@ def check_mountpoint(path: Path) -> None:
                                  f"directory")
     except OSError as exc:
         raise MountError(f"mount point {path}: {exc.strerror}") from None
+
+
+def _in_use(path: Path) -> bool:
+    """A mount point is in use unless it is an empty directory mounted there to be
+    mounted on — a container's volume (docker ``-v``, a Kubernetes ``emptyDir`` or
+    ``hostPath``, a bind with ``rshared`` propagation): a FUSE mount there is in use
+    whatever it holds (its daemon may be slow to answer), anything else if not empty
+    (the emptiness is checked next)."""
+    fstype = fstype_of_mount(os.fsencode(os.path.realpath(path)))
+    return fstype is None or fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk"))
 
 
 def _who() -> str:

@@ -184,6 +184,33 @@ def test_root_of_a_user_namespace(tmp_path, pid_namespace):
     assert b"hello" in b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
 
 
+def test_container_volume_shared_with_the_host(tmp_path):
+    # docker -v /mnt/ckpt:/mnt/ckpt:rshared (or a Kubernetes emptyDir / hostPath with
+    # Bidirectional propagation): the mount point is itself a mount, the daemon runs in
+    # the container's mount namespace, and the host sees and unmounts the mount.
+    # The volume here is a tmpfs (another device, as a volume is to a container's root).
+    # Before, the daemon refused the mount point ("already a mount point (in use)") and
+    # ckptfs umount waited for the volume to go ("still mounted after 60 s").
+    mnt, store, state = tmp_path / "mnt", tmp_path / "store", tmp_path / "state"
+    mnt.mkdir()
+    store.mkdir()
+    ckptfs = f"{sys.executable} -m ckptfs"
+    make = f"mount -t tmpfs -o mode=0755 volume {mnt}"
+    container = f"{ckptfs} mount {mnt} --store file://{store} --state-dir {state}"
+    host = (f"{make}\nmount --make-shared {mnt}\n"           # the host's shared volume
+            f"unshare -m --propagation unchanged sh -ec '{container}'\n"
+            f"printf hello > {mnt}/f\ncat {mnt}/f; echo\n"       # the host, through it
+            f"grep -c ' {mnt} .* - fuse.ckptfs ' /proc/self/mountinfo\n"
+            f"{ckptfs} umount {mnt}\n"
+            f"grep -c ' {mnt} .* - fuse.ckptfs ' /proc/self/mountinfo || true\n")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-ec", host],
+                          capture_output=True, text=True, timeout=90,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-3:] == ["hello", "1", "0"], proc.stdout + proc.stderr
+    assert b"hello" in b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
+
+
 # --------------------------------------------------------------------------- an ordinary user
 
 
