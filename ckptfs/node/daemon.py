@@ -305,7 +305,7 @@ class Daemon:
         # cause gets its own line and libfuse's advice is never needed.
         check_mountpoint(opts.mountpoint)
         check_fuse_device()
-        check_may_mount()
+        check_may_mount(opts.mountpoint)
         self.allow_other, line = resolve_allow_other(opts.allow_other)
         log.info("%s", line)
         prepare_state_dir(opts.state_dir)

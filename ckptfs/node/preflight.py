@@ -175,10 +175,11 @@ NO_FUSERMOUNT = (f"{FUSERMOUNT} not found: a non-root mount needs it (install th
                  f"mount as root)")
 
 
-def check_may_mount() -> None:
+def check_may_mount(mountpoint: Path | None = None) -> None:
     """Root mounts with ``mount(2)``, which needs CAP_SYS_ADMIN (libfuse falls back to the
     setuid ``fusermount3``, which gets it only from the bounding set); anyone else
-    mounts through ``fusermount3``."""
+    mounts through ``fusermount3``, which mounts only on a directory the user may write
+    (and owns, if it is sticky)."""
     if has_cap_sys_admin():
         return
     if os.geteuid() == 0:
@@ -191,6 +192,26 @@ def check_may_mount() -> None:
     problem = _setuid_problem(fusermount)
     if problem:
         raise MountError(f"{fusermount} cannot mount for a non-root user: {problem}")
+    if mountpoint is not None:
+        _check_user_mountpoint(mountpoint)
+
+
+def _check_user_mountpoint(mountpoint: Path) -> None:
+    """fusermount3's own rule for an ordinary user's mount point (util/fusermount.c)."""
+    try:
+        st = os.stat(mountpoint)
+    except OSError:
+        return                                  # check_mountpoint said why
+    owner = f"owned by {_user(st.st_uid)}, {stat.filemode(st.st_mode)}"
+    if st.st_mode & stat.S_ISVTX and st.st_uid != os.getuid():
+        raise MountError(f"mount point {mountpoint} is sticky and not this user's ({owner}; "
+                         f"you are {_who_short()}): fusermount3 mounts only on a "
+                         f"directory the user owns there; chown it to the user, or "
+                         f"mount as root")
+    if not os.access(mountpoint, os.W_OK):
+        raise MountError(f"mount point {mountpoint} is not writable by {_who_short()} "
+                         f"({owner}): fusermount3 mounts only on a directory the user may "
+                         f"write; chown it to the user, or mount as root")
 
 
 def _setuid_problem(fusermount: str) -> str | None:

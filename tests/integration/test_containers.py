@@ -159,11 +159,15 @@ def _daemon_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if " ckptfs" in line]
 
 
-# --------------------------------------------------------------------------- root of a user namespace
+# --------------------------------------------------------------------------- root in namespaces
 
 
-@pytest.mark.parametrize("pid_namespace", [False, True], ids=["userns+mount", "userns+mount+pid"])
-def test_root_of_a_user_namespace(tmp_path, pid_namespace):
+@pytest.mark.parametrize("namespaces", [
+    ("--user", "--map-root-user", "--mount"),
+    ("--user", "--map-root-user", "--mount", "--pid", "--fork", "--mount-proc"),
+    ("--mount", "--pid", "--fork", "--mount-proc")],
+    ids=["userns+mount", "userns+mount+pid", "mount+pid"])
+def test_root_in_namespaces(tmp_path, namespaces):
     mnt, store, state = tmp_path / "mnt", tmp_path / "store", tmp_path / "state"
     mnt.mkdir()
     store.mkdir()
@@ -171,9 +175,8 @@ def test_root_of_a_user_namespace(tmp_path, pid_namespace):
     script = (f"{ckptfs} mount {mnt} --store file://{store} --state-dir {state}\n"
               f"printf hello > {mnt}/f\ncat {mnt}/f; echo\n"
               f"{ckptfs} umount {mnt}\n")
-    pid = ["--pid", "--fork", "--mount-proc"] if pid_namespace else []
-    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount",
-                           "--propagation", "private", *pid, "sh", "-ec", script],
+    proc = subprocess.run(["unshare", *namespaces, "--propagation", "private", "sh", "-ec",
+                           script],
                           capture_output=True, text=True, timeout=90,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == 0, proc.stderr
@@ -330,3 +333,15 @@ def test_ordinary_user_under_no_new_privs(base, job_user):
         line
     assert "--security-opt no-new-privileges" in line and \
         "allowPrivilegeEscalation: false" in line, line
+
+
+def test_ordinary_user_on_a_mount_point_it_may_not_write(base, job_user):
+    # A volume mounted root's 0755 into the container: fusermount3 would refuse it
+    # ("user has no write access to mountpoint"), behind libfuse's generic failure.
+    mnt = base / "mnt"
+    line = _mount_fails_as_user(base, job_user, _device_for(job_user, base),
+                                before=lambda: os.chown(mnt, 0, 0))
+    assert line == (f"ckptfs: mount point {mnt} is not writable by uid {job_user.pw_uid} "
+                    f"({USER}) (owned by root, drwxr-xr-x): fusermount3 mounts only on a "
+                    f"directory the user may write; chown it to the user, or mount as root"), \
+        line
