@@ -90,6 +90,8 @@ def _flags(settings: dict[str, object]) -> list[str]:
         flag = BY_NAME[name].flag
         if value is True and BY_NAME[name].kind == "switch":
             out.append(flag)
+        elif isinstance(value, (list, tuple)):          # checkpoint_formats=("npy",)
+            out += [flag, ",".join(map(str, value))]
         elif value is not None and value is not False:
             out += [flag, str(value)]
     return out

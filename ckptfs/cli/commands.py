@@ -235,10 +235,9 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
-                        endpoint_url=settings.endpoint_url,
-                        single_writer=settings.single_writer, config=config,
-                        metrics_address=settings.metrics_address,
-                        retention=settings.retention, s3_client=settings.s3_client,
+                        endpoint_url=settings.endpoint_url, config=config,
+                        single_writer=settings.single_writer, s3_client=settings.s3_client,
+                        metrics_address=settings.metrics_address, retention=settings.retention,
                         allow_other=settings.allow_other)
     ready_fd = args.ready_fd
     mounted = False

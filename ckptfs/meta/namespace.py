@@ -208,9 +208,7 @@ class Namespace(TwoStepNames, Transactions):
     """Inodes and dentries of one mount, persisted in ``state_dir/meta.lmdb``."""
 
     def __init__(self, path: Path, map_size: int = 4 << 30,
-                 root_owner: tuple[int, int] = (0, 0)) -> None:
-        """``root_owner``: uid and gid of the root directory when the namespace is new
-        (the daemon's own: an ordinary user's mount is that user's to write in)."""
+                 root_owner: tuple[int, int] = (0, 0)) -> None:   # of a new root dir
         path.mkdir(parents=True, exist_ok=True)
         # sync=False: a daemon crash loses nothing (the map lives in the page cache);
         # callers call ``sync()`` where a power cut must not lose a journal record.
