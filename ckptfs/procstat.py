@@ -150,5 +150,22 @@ def device_of_mount(mount_path: bytes) -> bytes | None:
     return found
 
 
+def fstype_of_mount(mount_path: bytes) -> str | None:
+    """The file system type (``fuse.ckptfs``, ``ext4``, ...) of the mount on top at
+    ``mount_path`` in this process's namespace, from ``/proc/self/mountinfo``; None if
+    nothing is mounted there (or mountinfo cannot be read)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and _unescape(fields[4]) == mount_path and b"-" in fields[5:]:
+            found = fields[fields.index(b"-", 5) + 1].decode(errors="replace")
+    return found
+
+
 def _unescape(field: bytes) -> bytes:
     return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)

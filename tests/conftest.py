@@ -27,7 +27,8 @@ from support.proxy import FaultProxy  # noqa: E402
 
 # Every integration test fails on an unexpected ERROR or Traceback in a daemon log; the
 # core-coverage figure is printed (and held at its floor) at the end of a run.
-pytest_plugins = ["support.logcheck", "support.coverage_gate"]
+# pytester runs users' example tests against the ckptfs.testing plugin.
+pytest_plugins = ["support.logcheck", "support.coverage_gate", "pytester"]
 
 
 @pytest.fixture(scope="session")

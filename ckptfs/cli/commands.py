@@ -235,10 +235,10 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
-                        endpoint_url=settings.endpoint_url,
-                        single_writer=settings.single_writer, config=config,
-                        metrics_address=settings.metrics_address,
-                        retention=settings.retention, s3_client=settings.s3_client)
+                        endpoint_url=settings.endpoint_url, config=config,
+                        single_writer=settings.single_writer, s3_client=settings.s3_client,
+                        metrics_address=settings.metrics_address, retention=settings.retention,
+                        allow_other=settings.allow_other)
     ready_fd = args.ready_fd
     mounted = False
 
@@ -320,8 +320,11 @@ def cmd_umount(mountpoint: Path, timeout: float | None = None) -> int:
         return fail(str(exc))
     if done is None:
         return fail(f"{mountpoint}: the daemon closed the connection early")
+    from ..procstat import fstype_of_mount
+    from .api import FSTYPE
     deadline = time.monotonic() + 60
-    while os.path.ismount(mountpoint):
+    # The mount gone, not just any mount there: a container's volume stays a mount point.
+    while fstype_of_mount(os.fsencode(os.path.realpath(mountpoint))) == FSTYPE:
         if time.monotonic() > deadline:
             return fail(f"{mountpoint} is still mounted after 60 s")
         time.sleep(0.05)

@@ -207,7 +207,8 @@ class TwoStepNames:
 class Namespace(TwoStepNames, Transactions):
     """Inodes and dentries of one mount, persisted in ``state_dir/meta.lmdb``."""
 
-    def __init__(self, path: Path, map_size: int = 4 << 30) -> None:
+    def __init__(self, path: Path, map_size: int = 4 << 30,
+                 root_owner: tuple[int, int] = (0, 0)) -> None:   # of a new root dir
         path.mkdir(parents=True, exist_ok=True)
         # sync=False: a daemon crash loses nothing (the map lives in the page cache);
         # callers call ``sync()`` where a power cut must not lose a journal record.
@@ -233,7 +234,8 @@ class Namespace(TwoStepNames, Transactions):
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
                 now = time.time_ns()
                 root = Inode(ino=ROOT_INO, type="dir", mode=0o755, mtime_ns=now, ctime_ns=now,
-                             atime_ns=now, parent=ROOT_INO, dir_id="root", published=True)
+                             atime_ns=now, parent=ROOT_INO, dir_id="root", published=True,
+                             uid=root_owner[0], gid=root_owner[1])
                 txn.put(_k(ROOT_INO), root.encode(), db=self.db_inodes)
                 txn.put(b"next_ino", _k(ROOT_INO + 1), db=self.db_meta)
                 txn.put(b"next_journal", _k(1), db=self.db_meta)

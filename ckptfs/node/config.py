@@ -96,6 +96,19 @@ def parse_durability(value) -> str:
     return value
 
 
+def parse_allow_other(value) -> str:
+    """``auto``, ``on`` or ``off`` (a boolean's spellings are taken for on and off)."""
+    text = str(value).strip().lower() if not isinstance(value, bool) else \
+        ("on" if value else "off")
+    if text in ("auto", "on", "off"):
+        return text
+    try:
+        return "on" if parse_bool(text) else "off"
+    except ConfigError:
+        raise ConfigError(f"allow_other must be 'auto', 'on' or 'off', not {value!r}") \
+            from None
+
+
 def parse_s3_client(value) -> str:
     if value not in ("direct", "boto3"):
         raise ConfigError(f"s3_client must be 'direct' or 'boto3', not {value!r}")
@@ -255,6 +268,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("s3_client", str, "direct", parse_s3_client,
             "S3 client for object bytes: direct (lean, default) or boto3", "choice",
             ("direct", "boto3")),
+    # Other users (and root) may use the mount (FUSE's allow_other): auto is on where
+    # permitted (root, or user_allow_other in /etc/fuse.conf: preflight.py), else off.
+    Setting("allow_other", str, "auto", parse_allow_other,
+            "let other users use the mount: auto (on for root or with user_allow_other "
+            "in /etc/fuse.conf, else off; default), on, off", "choice",
+            ("auto", "on", "off")),
     # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
     Setting("metrics_address", str | None, None, parse_metrics_address,
             "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),
@@ -298,6 +317,7 @@ class Settings:
     max_staged: int | None = _default("max_staged")
     upload_hold: float = _default("upload_hold")
     s3_client: str = _default("s3_client")
+    allow_other: str = _default("allow_other")
     metrics_address: str | None = _default("metrics_address")
     profiles: Profiles = field(default_factory=Profiles)
     retention: tuple[Rule, ...] = ()        # one per [[retention]]

@@ -9,7 +9,8 @@ Every local user may connect.  Who asks is known from the socket's peer credenti
 read, with search on every directory above it: checked like access(2), against the
 uid and groups of the calling process); ``prefetch`` of a tree walks it as the caller
 would, skipping (and counting) the files it may not read and the directories it may not
-list and search; ``gc`` and ``umount`` are root's.
+list and search; ``gc`` and ``umount`` are root's, and the daemon's own user's (a mount
+made by an ordinary user, who could stop the daemon with a signal anyway).
 
 Knows the filesystem's public calls and the daemon's stop and drain hooks (``Host``);
 nothing of FUSE request details or of how the store is reached.
@@ -250,8 +251,9 @@ class ControlServer:
     async def dispatch(self, command: str, request: dict, peer: Peer, send: Send) -> None:
         host = self.host
         fs = host.fs
-        if command in ROOT_ONLY and not peer.root:
-            await send({"error": f"{command}: permission denied: only root may run "
+        if command in ROOT_ONLY and not (peer.root or peer.uid == os.geteuid()):
+            await send({"error": f"{command}: permission denied: only root (or uid "
+                                 f"{os.geteuid()}, who mounted it) may run "
                                  f"`ckptfs {command}` (you are uid {peer.uid})",
                         "errno": "EACCES"})
             return

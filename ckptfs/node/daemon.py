@@ -31,7 +31,7 @@ from ..fuse.ops import FuseOps
 from ..data.liveness import DEFAULT_SETTLE
 from ..meta.namespace import ROOT_INO, Namespace
 from .preflight import (check_fuse_device, check_may_mount, check_mountpoint,
-                        explain_mount_failure)
+                        explain_mount_failure, resolve_allow_other)
 from ..procstat import device_of_mount
 from ..format.remote import FORMAT_KEY, FORMAT_VERSION
 from ..cluster.stale import StaleStagedWatch
@@ -54,7 +54,7 @@ class MountOptions:
     state_dir: Path
     endpoint_url: str | None = None
     single_writer: bool = False
-    allow_other: bool = True
+    allow_other: str = "auto"               # config.SETTINGS "allow_other": auto|on|off
     config: Config | None = None
     metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
     retention: tuple = ()                   # retention.Rule per [[retention]] table
@@ -296,6 +296,7 @@ class Daemon:
         self._stop_now = trio.Event()
         self._drains: set[trio.CancelScope] = set()
         self.nofile = 1024              # the descriptor limit, raised by ``run``
+        self.allow_other = False        # resolved by ``run`` (preflight.resolve_allow_other)
 
     async def run(self, on_ready) -> None:
         opts = self.opts
@@ -304,7 +305,9 @@ class Daemon:
         # cause gets its own line and libfuse's advice is never needed.
         check_mountpoint(opts.mountpoint)
         check_fuse_device()
-        check_may_mount()
+        check_may_mount(opts.mountpoint)
+        self.allow_other, line = resolve_allow_other(opts.allow_other)
+        log.info("%s", line)
         prepare_state_dir(opts.state_dir)
         lock_fd = lock_state_dir(opts.state_dir, opts.mountpoint)
         try:
@@ -342,7 +345,8 @@ class Daemon:
         to it before this mount."""
         opts = self.opts
         try:
-            ns = Namespace(opts.state_dir / "meta.lmdb")
+            ns = Namespace(opts.state_dir / "meta.lmdb",
+                           root_owner=(os.geteuid(), os.getegid()))
         except Exception as exc:  # lmdb.Error and friends
             raise MountError(f"cannot open {opts.state_dir / 'meta.lmdb'}: {exc}") from None
         bound = ns.meta_get("store_url")
@@ -398,7 +402,7 @@ class Daemon:
                               writeback_cache=self.config.writeback_cache, metrics=metrics)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
-                if opts.allow_other:
+                if self.allow_other:
                     options.add("allow_other")
                 try:
                     pyfuse3.init(ops, str(opts.mountpoint), options)
@@ -641,6 +645,7 @@ class Daemon:
         assert fs is not None and self.stale is not None
         return {"ok": True, "pid": os.getpid(), "mountpoint": str(self.opts.mountpoint),
                 "store": self.opts.store_url, "durability": self.config.durability,
+                "allow_other": self.allow_other,
                 "fs": fs.stats(), "store_stats": self.stats.snapshot(),
                 "node_id": fs.leases.node_id,
                 "pending_seals": fs.leases.pending_report(),

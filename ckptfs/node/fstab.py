@@ -7,7 +7,9 @@ arguments.  An fstab line::
 Options named like the settings (``state_dir``, ``durability``, ``config``,
 ``endpoint_url``, ``metrics_address``, ``cache_size``, ...; ``-`` or ``_``) map to the
 ``mount`` flags; the generic mount options that ``mount`` and ``mount.fuse3`` hand on
-(``rw``, ``dev``, ``suid``, ``_netdev``, ``x-systemd.*``, ...) are accepted and ignored;
+(``rw``, ``dev``, ``suid``, ``_netdev``, ``x-systemd.*``, ...) are accepted and ignored
+(``default_permissions`` too: ckptfs always mounts with it); FUSE's bare ``allow_other``
+is ``allow_other=on``;
 anything else is an error with one line.  Knows nothing beyond argument lists.
 """
 
@@ -17,13 +19,13 @@ from __future__ import annotations
 IGNORED = {"rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto",
            "user", "users", "nouser", "owner", "group", "defaults", "_netdev", "nofail",
            "async", "atime", "noatime", "relatime", "strictatime", "nodiratime",
-           "allow_other", "default_permissions"}
+           "default_permissions"}
 # Options that take a value, and the one boolean.
 VALUED = ("store", "config", "state_dir", "durability", "endpoint_url", "chunk_size",
           "cache_size", "metadata_ttl", "upload_concurrency", "fetch_concurrency",
           "gc_grace", "gc_settle", "checkpoint_formats", "lease_ttl", "stale_staged_after",
           "store_timeout", "stop_timeout", "max_staged", "upload_hold", "metrics_address",
-          "log_file", "s3_client")
+          "log_file", "s3_client", "allow_other")
 FLAGS = ("single_writer", "writeback_cache")
 
 
@@ -69,7 +71,9 @@ def _options(text: str) -> list[str]:
         name = key.replace("-", "_")
         if name in IGNORED or name.startswith(("x-", "comment=")):
             continue
-        if name in VALUED:
+        if name == "allow_other" and not sep:       # FUSE's own spelling: on
+            out += ["--allow-other", "on"]
+        elif name in VALUED:
             if not sep or not value:
                 raise FstabError(f"mount option {key} needs a value ({key}=...)")
             out += ["--" + name.replace("_", "-"), value]

@@ -3,7 +3,9 @@ failing with a ``MountError`` of one line that names the cause and what to do â€
 libfuse's own advice (``try 'modprobe fuse' first``, wrong in a container) never has to
 be read: the mount point (a directory, empty, not in use, not a dead mount), the FUSE
 device (there, the FUSE device, openable by us), the right to mount (CAP_SYS_ADMIN for
-root, ``fusermount3`` for anyone else); and an explanation when ``mount(2)`` fails anyway.
+root, ``fusermount3`` for anyone else), whether ``allow_other`` is permitted (root, or
+``user_allow_other`` in /etc/fuse.conf); and an explanation when ``mount(2)`` fails
+anyway.
 
 Knows nothing of pyfuse3, the store, or the daemon: only paths, the process's identity
 and capabilities.
@@ -20,6 +22,7 @@ import stat
 from pathlib import Path
 
 from ..errors import MountError
+from ..procstat import fstype_of_mount
 
 FUSE_DEVICE = "/dev/fuse"
 FUSE_RDEV = (10, 229)                       # misc device 229 (Documentation/admin-guide/devices.txt)
@@ -27,13 +30,15 @@ CAP_SYS_ADMIN = 21
 FUSERMOUNT = "fusermount3"
 # Where libfuse looks for fusermount3 besides PATH (its build's bindir).
 FUSERMOUNT_DIRS = ("/usr/bin", "/bin", "/usr/local/bin")
+FUSE_CONF = "/etc/fuse.conf"
 
 NO_DEVICE_ADVICE = ("load the fuse module on the host, or give the container the device "
                     "(--device /dev/fuse)")
 
 
 def check_mountpoint(path: Path) -> None:
-    """A directory, empty, not mounted on, not the leftover of a daemon that died."""
+    """A directory, empty, not mounted on (but for an empty volume of a container, made to
+    be mounted on), not the leftover of a daemon that died."""
     try:
         st = os.stat(path)
         if os.path.ismount(path):
@@ -48,7 +53,7 @@ def check_mountpoint(path: Path) -> None:
         if not os.path.ismount(path):
             raise MountError(f"mount point {path}: {exc.strerror}") from None
         st = None
-    if os.path.ismount(path):
+    if os.path.ismount(path) and _in_use(path):
         raise MountError(f"{path} is already a mount point (in use): unmount it first, "
                          f"or choose another mount point")
     if st is None or not stat.S_ISDIR(st.st_mode):
@@ -60,6 +65,16 @@ def check_mountpoint(path: Path) -> None:
                                  f"directory")
     except OSError as exc:
         raise MountError(f"mount point {path}: {exc.strerror}") from None
+
+
+def _in_use(path: Path) -> bool:
+    """A mount point is in use unless it is an empty directory mounted there to be
+    mounted on â€” a container's volume (docker ``-v``, a Kubernetes ``emptyDir`` or
+    ``hostPath``, a bind with ``rshared`` propagation): a FUSE mount there is in use
+    whatever it holds (its daemon may be slow to answer), anything else if not empty
+    (the emptiness is checked next)."""
+    fstype = fstype_of_mount(os.fsencode(os.path.realpath(path)))
+    return fstype is None or fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk"))
 
 
 def _who() -> str:
@@ -156,21 +171,80 @@ def find_fusermount() -> str | None:
 NO_CAP = ("no CAP_SYS_ADMIN: mounting a filesystem needs it (give the container "
           "--cap-add SYS_ADMIN, or a user namespace)")
 NO_FUSERMOUNT = (f"{FUSERMOUNT} not found: a non-root mount needs it (install the fuse3 "
-                 f"package, or mount as root)")
+                 f"package: apt-get install fuse3, dnf install fuse3, apk add fuse3; or "
+                 f"mount as root)")
 
 
-def check_may_mount() -> None:
+def check_may_mount(mountpoint: Path | None = None) -> None:
     """Root mounts with ``mount(2)``, which needs CAP_SYS_ADMIN (libfuse falls back to the
     setuid ``fusermount3``, which gets it only from the bounding set); anyone else
-    mounts through ``fusermount3``."""
+    mounts through ``fusermount3``, which mounts only on a directory the user may write
+    (and owns, if it is sticky)."""
     if has_cap_sys_admin():
         return
     if os.geteuid() == 0:
         if not _capabilities("CapBnd") & (1 << CAP_SYS_ADMIN):
             raise MountError(NO_CAP)
         return
-    if find_fusermount() is None:
+    fusermount = find_fusermount()
+    if fusermount is None:
         raise MountError(NO_FUSERMOUNT)
+    problem = _setuid_problem(fusermount)
+    if problem:
+        raise MountError(f"{fusermount} cannot mount for a non-root user: {problem}")
+    if mountpoint is not None:
+        _check_user_mountpoint(mountpoint)
+
+
+def _check_user_mountpoint(mountpoint: Path) -> None:
+    """fusermount3's own rule for an ordinary user's mount point (util/fusermount.c)."""
+    try:
+        st = os.stat(mountpoint)
+    except OSError:
+        return                                  # check_mountpoint said why
+    owner = f"owned by {_user(st.st_uid)}, {stat.filemode(st.st_mode)}"
+    if st.st_mode & stat.S_ISVTX and st.st_uid != os.getuid():
+        raise MountError(f"mount point {mountpoint} is sticky and not this user's ({owner}; "
+                         f"you are {_who_short()}): fusermount3 mounts only on a "
+                         f"directory the user owns there; chown it to the user, or "
+                         f"mount as root")
+    if not os.access(mountpoint, os.W_OK):
+        raise MountError(f"mount point {mountpoint} is not writable by {_who_short()} "
+                         f"({owner}): fusermount3 mounts only on a directory the user may "
+                         f"write; chown it to the user, or mount as root")
+
+
+def _setuid_problem(fusermount: str) -> str | None:
+    """Why the setuid-root ``fusermount3`` would not run as root here, if it would not:
+    not setuid root, on a nosuid filesystem, or under no_new_privs (docker's
+    ``--security-opt no-new-privileges``)."""
+    try:
+        st = os.stat(fusermount)
+        nosuid = bool(os.statvfs(fusermount).f_flag & os.ST_NOSUID)
+    except OSError:
+        return None
+    if not st.st_mode & stat.S_ISUID or st.st_uid != 0:
+        return (f"it is not setuid root ({stat.filemode(st.st_mode)} "
+                f"{_user(st.st_uid)}): chmod u+s {fusermount} as root, or reinstall fuse3")
+    if nosuid:
+        return (f"it is on a nosuid filesystem: mount as root, or from a filesystem "
+                f"that allows setuid")
+    if _no_new_privs():
+        return ("this process runs with no_new_privs, which disables setuid (docker/podman "
+                "--security-opt no-new-privileges, Kubernetes allowPrivilegeEscalation: "
+                "false): drop that option, or mount as root, or in a user namespace")
+    return None
+
+
+def _no_new_privs() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NoNewPrivs:"):
+                    return line.split()[1] == "1"
+    except (OSError, IndexError):
+        pass
+    return False
 
 
 def explain_mount_failure(mountpoint: Path, detail: str) -> str:
@@ -182,3 +256,45 @@ def explain_mount_failure(mountpoint: Path, detail: str) -> str:
         return NO_FUSERMOUNT
     return (f"FUSE mount on {mountpoint} failed ({detail}); libfuse's reason is in the "
             f"log just before this line")
+
+
+def user_allow_other(fuse_conf: str = FUSE_CONF) -> bool:
+    """``user_allow_other`` on a line of its own in ``fuse_conf``, as fusermount3 reads
+    it (``#`` starts a comment)."""
+    try:
+        with open(fuse_conf) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def allow_other_permitted(fuse_conf: str = FUSE_CONF) -> bool:
+    """Root (also root of a user namespace) and a process with CAP_SYS_ADMIN mount with
+    ``mount(2)``, which takes ``allow_other``; anyone else mounts through fusermount3,
+    which refuses it unless ``fuse_conf`` says ``user_allow_other``."""
+    return os.geteuid() == 0 or has_cap_sys_admin() or user_allow_other(fuse_conf)
+
+
+def resolve_allow_other(setting: str, fuse_conf: str = FUSE_CONF) -> tuple[bool, str]:
+    """Whether to mount with ``allow_other`` for the setting (auto, on, off), and the
+    line that says so for the log; ``on`` where it is not permitted is a MountError."""
+    permitted = allow_other_permitted(fuse_conf)
+    if setting == "off":
+        return False, (f"allow_other off: only {_who_short()} can use this mount "
+                       f"(allow_other = off)")
+    if setting == "on" and not permitted:
+        raise MountError(f"allow_other = on, but {_who_short()} may not mount with "
+                         f"allow_other: fusermount3 allows it only with a line "
+                         f"user_allow_other in {fuse_conf} (add it as root), or mount as "
+                         f"root; allow_other = auto mounts for this user alone")
+    if permitted:
+        return True, (f"allow_other on: every user may use this mount, the kernel checks "
+                      f"permissions (allow_other = {setting})")
+    return False, (f"allow_other off: only {_who_short()} can use this mount (an ordinary "
+                   f"user may set allow_other only with user_allow_other in {fuse_conf}; "
+                   f"allow_other = auto)")
+
+
+def _who_short() -> str:
+    uid = os.geteuid()
+    return f"uid {uid} ({_user(uid)})"

@@ -1,5 +1,5 @@
 """The layering is a contract (pyproject.toml, [tool.importlinter]) over the packages:
-cli -> node | bench -> fuse -> core -> cluster -> meta | data -> format -> store; nothing
+cli | testing -> node | bench -> fuse -> core -> cluster -> meta | data -> format -> store; nothing
 below the node and the FUSE adapter imports pyfuse3, and nothing but the S3 store imports
 boto3.  ``lint-imports`` checks it on every run of the suite."""
 
