@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from ckptfs.cli.commands import main
-from support.mounts import one_line_failure, run_ckptfs
+from support.mounts import eventually, one_line_failure, run_ckptfs
 from support.s3_direct import direct_store
 
 KiB = 1 << 10
@@ -93,6 +93,7 @@ def test_fsck_beside_a_live_mount_reports_no_damage(s3_store, make_mount, fsck):
     write_tree(node.path)
     stop = threading.Event()
     errors: list[BaseException] = []
+    done = [0]                                   # writer's rounds finished
 
     def writer() -> None:
         """Publishes, renames files and directories, removes files, until stopped."""
@@ -109,17 +110,22 @@ def test_fsck_beside_a_live_mount_reports_no_damage(s3_store, make_mount, fsck):
                         os.unlink(prev / "g")
                     os.rename(prev, node.path / f"m{i - 1}")
                 i += 1
+                done[0] = i
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        eventually(lambda: done[0] >= 2)
+        before = done[0]
         proc = fsck(s3_store, "--full")
+        after = done[0]
     finally:
         stop.set()
         thread.join()
     assert not errors, errors
+    assert after > before, "the writer made no progress while fsck ran"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "DAMAGED" not in proc.stdout and "DANGLING" not in proc.stdout
 
