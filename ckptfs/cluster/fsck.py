@@ -148,6 +148,7 @@ class _Check:
         self.read: dict[str, _Read] = {}
         self.paths: dict[str, str] = {}          # entry key -> path (walk)
         self.link_paths: dict[str, list[str]] = {}   # inode key -> paths of its names
+        self.link_keys: dict[str, list[tuple[str, str]]] = {}   # ... -> (entry key, path)
         self.bad: dict[str, str] = {}
 
     # ------------------------------------------------------------------ reading
@@ -204,6 +205,7 @@ class _Check:
                 self.paths[key] = child
                 if entry.type == "link" and entry.link:
                     self.link_paths.setdefault(inode_key(entry.link), []).append(child)
+                    self.link_keys.setdefault(inode_key(entry.link), []).append((key, child))
                 if entry.type != "dir" or not entry.id:
                     continue
                 if entry.staged and not in_staged:
@@ -421,8 +423,11 @@ def _inodes(run: _Check, objects: list[ListedObject]) -> None:
     for key in sorted(linked - present):
         if run.listed_again(key) is not None:
             continue
-        for path in run.link_paths.get(key, []):
-            report.missing_inodes.append((path, key))
+        for entry_key_, path in run.link_keys.get(key, []):
+            got = run.fetch(entry_key_)      # still a link to it? (an unlink meanwhile)
+            if got is not None and got.entry is not None and got.entry.link \
+                    and inode_key(got.entry.link) == key:
+                report.missing_inodes.append((path, key))
     report.orphan_inodes = sorted(present - linked)
 
 

@@ -140,6 +140,9 @@ def test_fsck_that_cannot_run_says_why_in_one_line(s3_store, fsck):
     proc = fsck(s3_store, url="s3://no-such-bucket-here/x")
     assert proc.returncode == 2
     assert "does not exist" in one_line_failure(proc, "ckptfs: fsck: ")
+    proc = fsck(s3_store, "--endpoint-url", "http://127.0.0.1:1", "--timeout", "5")
+    assert proc.returncode == 2
+    assert "store unreachable" in one_line_failure(proc, "ckptfs: fsck: ")
     proc = fsck(s3_store, "--repair")
     assert proc.returncode == 2
     assert "--state-dir" in one_line_failure(proc, "ckptfs: fsck: ")

@@ -231,3 +231,19 @@ def test_chunk_ids_are_the_format_module_s():
     assert chunk_id_of_key(f"chunks/zz/{chunk}") is None
     assert chunk_id_of_key("chunks/ab/not-a-chunk") is None
     assert chunk_matches(chunk, data) and not chunk_matches(chunk, b"abd")
+
+
+def test_a_hard_linked_file_removed_during_the_walk_is_no_damage():
+    """Both names of a hard-linked file are unlinked (link entries, then the inode
+    object) after the walk read them, before the flat listing: read again, the names
+    are gone."""
+    store, ids = tree()
+
+    def unlink(call) -> None:
+        for name in (b"a", b"b"):
+            store.delete(entry_key("root", name))
+        store.delete(inode_key(ids["link"]))
+    store.before(unlink, op="list", prefix="inodes/", times=1)
+    report = check(store)
+    assert report.missing_inodes == []
+    assert not report.damaged, report.to_json()
