@@ -239,18 +239,19 @@ class _Check:
         self.fetch_all(stale)
         return entries, objects
 
-    def dangling(self, entries: list[ListedObject]) -> dict[str, int]:
-        """Directory ids with content under ``dirs/`` that no entry names."""
+    def dangling(self, entries: list[ListedObject]) -> dict[str, set[str]]:
+        """Directory ids with content under ``dirs/`` that no entry names, with the
+        keys under each."""
         named = {ROOT_DIR_ID}
         for obj in entries:
             got = self.read.get(obj.key)
             if got is not None and got.entry is not None and got.entry.id:
                 named.add(got.entry.id)
-        present: dict[str, int] = {}
+        present: dict[str, set[str]] = {}
         for obj in entries:
             dir_id = obj.key[len(DIRS_PREFIX):].split("/", 1)[0]
             if dir_id not in named:
-                present[dir_id] = present.get(dir_id, 0) + 1
+                present.setdefault(dir_id, set()).add(obj.key)
         return present
 
     # ------------------------------------------------------------------ references
@@ -337,10 +338,14 @@ def check(store: ObjectStore, full: bool = False, workers: int = 8,
         run.walk()
         entries, objects = run.flat()
         dangling = run.dangling(entries)
-        if dangling:                 # a directory moving during the listing: look again
+        if dangling:
+            # Look again: a directory renamed during the listing has its new name now,
+            # and one losing entries is a tree being removed (gc removes a staged tree's
+            # directory entries before the entries under them).
             entries, objects = run.flat()
-            dangling = {d: n for d, n in run.dangling(entries).items() if d in dangling}
-        report.dangling_dirs = sorted(dangling.items())
+            dangling = {d: keys for d, keys in run.dangling(entries).items()
+                        if d in dangling and dangling[d] <= keys}
+        report.dangling_dirs = sorted((d, len(keys)) for d, keys in dangling.items())
         keys = [o.key for o in entries + objects]
         refs = run.references(keys)
         # Chunks are listed after every entry was read: an entry names chunks uploaded
@@ -417,9 +422,9 @@ def _inodes(run: _Check, objects: list[ListedObject]) -> None:
     report = run.report
     present = {o.key for o in objects}
     linked: set[str] = set()
-    for key, got in list(run.read.items()):
-        if got.entry is not None and got.entry.type == "link" and got.entry.link:
-            linked.add(inode_key(got.entry.link))
+    for read in list(run.read.values()):
+        if read.entry is not None and read.entry.type == "link" and read.entry.link:
+            linked.add(inode_key(read.entry.link))
     for key in sorted(linked - present):
         if run.listed_again(key) is not None:
             continue

@@ -247,3 +247,24 @@ def test_a_hard_linked_file_removed_during_the_walk_is_no_damage():
     report = check(store)
     assert report.missing_inodes == []
     assert not report.damaged, report.to_json()
+
+
+def test_a_tree_gc_is_removing_is_not_dangling():
+    """gc removes a staged tree's directory entry before the entries under it: a
+    directory id losing entries between the two listings is being removed, not lost."""
+    store, ids = tree()
+    going = new_id()
+    put_file(store, going, "0.bin", b"zero")
+    put_file(store, going, "1.bin", b"one")
+    flat = []
+
+    def remove_one(call) -> None:
+        if call.key == "dirs/":
+            flat.append(call)
+            if len(flat) == 1:
+                store.delete(entry_key(going, b"0.bin"))
+    store.after(remove_one, op="list", prefix="dirs/")
+    report = check(store)
+    assert len(flat) == 2
+    assert report.dangling_dirs == []
+    assert not report.damaged, report.to_json()
