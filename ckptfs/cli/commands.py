@@ -67,10 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grace", type=float, default=None,
                    help="seconds (default: the mount's gc_grace, 24 h)")
 
-    fk = sub.add_parser("fsck", help="check a store: entries parse, the chunks they name "
-                        "exist (--full: and hash right); name damaged files; never deletes")
-    from .fsck import add_arguments as add_fsck_arguments
-    add_fsck_arguments(fk)
+    from .fsck import add_parser as add_fsck_parser
+    add_fsck_parser(sub)
 
     pf = sub.add_parser("prefetch", help="warm a file or a tree into this node's cache")
     pf.add_argument("path", type=Path)

@@ -18,7 +18,11 @@ CLEAN, DAMAGED, CANNOT_RUN = 0, 1, 2
 LIST_AT_MOST = 20           # orphaned chunks named one by one in the text output
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_parser(sub) -> None:
+    """The ``fsck`` subcommand and its options, on ``ckptfs``'s subparsers."""
+    parser = sub.add_parser("fsck", help="check a store: entries parse, the chunks they "
+                            "name exist (--full: and hash right); name damaged files; "
+                            "never deletes")
     parser.add_argument("--store", required=True, help="store URL: s3://bucket/prefix or "
                         "file:///path")
     parser.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL_S3 "
