@@ -89,7 +89,9 @@ def test_fsck_finds_a_lost_chunk_by_path_and_a_node_puts_it_back(s3_store, make_
 
 
 def test_fsck_beside_a_live_mount_reports_no_damage(s3_store, make_mount, fsck):
-    node = make_mount(s3_store)
+    """In async mode: uploads, publishes, renames and removals all reach the store in
+    the background while fsck reads it."""
+    node = make_mount(s3_store, durability="async")
     write_tree(node.path)
     stop = threading.Event()
     errors: list[BaseException] = []
