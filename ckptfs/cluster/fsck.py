@@ -39,7 +39,7 @@ from ..data.liveness import GC_STATE_KEY, GcState
 from ..format.remote import (DIRS_PREFIX, INODES_PREFIX, ROOT_DIR_ID, BadEntry, Entry,
                              chunk_hasher, chunk_id_of_key, chunk_key, decode_name,
                              dir_prefix, inode_key)
-from ..store import ListedObject, NotFound, ObjectStore
+from ..store import ListedObject, NotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -332,9 +332,13 @@ def check(store: ObjectStore, full: bool = False, workers: int = 8,
         report = run.report
         try:
             body, _ = store.get(GC_STATE_KEY)
-            report.gc_phase = GcState.from_json(body).phase
-        except (NotFound, ValueError):
-            pass
+        except NotFound:
+            body = None
+        if body is not None:
+            try:
+                report.gc_phase = GcState.from_json(body).phase
+            except StoreError as exc:   # gc refuses to run on it: damage to report
+                run.bad[GC_STATE_KEY] = str(exc)
         run.walk()
         entries, objects = run.flat()
         dangling = run.dangling(entries)

@@ -268,3 +268,11 @@ def test_a_tree_gc_is_removing_is_not_dangling():
     assert len(flat) == 2
     assert report.dangling_dirs == []
     assert not report.damaged, report.to_json()
+
+
+def test_a_corrupt_gc_state_is_a_bad_entry():
+    store, _ = tree()
+    store.put("gc/state.json", b"{not json")
+    report = check(store)
+    assert [k for k, _ in report.bad_entries] == ["gc/state.json"]
+    assert report.damaged and report.gc_phase is None
