@@ -127,6 +127,8 @@ def report_lines(report) -> list[str]:
         lease = "no seal lease" if tree.lease_age is None else \
             f"seal lease renewed {tree.lease_age:.0f} s ago"
         lines.append(f"staged tree {tree.path} (unsealed, idle {tree.idle:.0f} s, {lease})")
+    for path, target, age in report.rename_claims:
+        lines.append(f"rename in progress {path} -> {target} (claimed {age:.0f} s ago)")
     if report.orphan_chunks:
         named = ", ".join(report.orphan_chunks[:LIST_AT_MOST])
         more = "" if len(report.orphan_chunks) <= LIST_AT_MOST else ", ..."

@@ -96,6 +96,9 @@ class FsckReport:
     stray_keys: list[str] = field(default_factory=list)   # under chunks/, not a chunk
     staged_trees: list[StagedTree] = field(default_factory=list)
     leases: int = 0
+    # Renames in progress (decision 0006): path, the key it moves to, seconds since the
+    # claim.  An old one is a node that died mid-rename; its journal finishes it.
+    rename_claims: list[tuple[str, str, float]] = field(default_factory=list)
     gc_phase: str | None = None
     repaired: list[tuple[str, str]] = field(default_factory=list)       # chunk, source
     refs: dict[str, list[ChunkRef]] = field(default_factory=dict)       # damaged chunks
@@ -124,6 +127,8 @@ class FsckReport:
                               "lease_age": None if s.lease_age is None
                               else round(s.lease_age, 1)} for s in self.staged_trees],
             "leases": self.leases, "gc_phase": self.gc_phase,
+            "rename_claims": [{"path": p, "moving_to": k, "age": round(a, 1)}
+                              for p, k, a in self.rename_claims],
             "repaired": [{"chunk": c, "source": s} for c, s in self.repaired],
         }
 
@@ -203,6 +208,9 @@ class _Check:
                 if entry is None:
                     continue
                 self.paths[key] = child
+                if entry.moving_to is not None:
+                    self.report.rename_claims.append(
+                        (child, entry.moving_to, max(0.0, now - entry.moving_at)))
                 if entry.type == "link" and entry.link:
                     self.link_paths.setdefault(inode_key(entry.link), []).append(child)
                     self.link_keys.setdefault(inode_key(entry.link), []).append((key, child))

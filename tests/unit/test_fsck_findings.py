@@ -276,3 +276,27 @@ def test_a_corrupt_gc_state_is_a_bad_entry():
     report = check(store)
     assert [k for k, _ in report.bad_entries] == ["gc/state.json"]
     assert report.damaged and report.gc_phase is None
+
+
+def test_a_rename_in_progress_is_reported_not_damage():
+    store, ids = tree()
+    claimed = Entry(type="symlink", mode=0o777, target=b"ckpt/cfg.json",
+                    moving_to=entry_key(ids["ckpt"], b"notes"), moving_at=1000.0)
+    store.put(entry_key("root", b"notes"), claimed.to_json())
+    report = check(store, clock=lambda: 1030.0)
+    assert report.rename_claims == [("/notes", entry_key(ids["ckpt"], b"notes"), 30.0)]
+    assert not report.damaged
+
+
+def test_the_summary_names_each_finding_and_ends_with_the_verdict():
+    from ckptfs.cli.fsck import report_lines
+    store, ids = tree()
+    store.delete(chunk_key(ids["shared"]))
+    store.put(entry_key("root", b"half"), b"{")
+    lines = report_lines(check(store))
+    assert lines[0].startswith("fsck mem://: 7 entries (1 directories, 5 files), 3 chunks")
+    assert f"DAMAGED /a: 1 chunk(s) missing (first: {ids['shared']})" in lines
+    assert f"DAMAGED /b: 1 chunk(s) missing (first: {ids['shared']})" in lines
+    assert any(line.startswith("BAD ENTRY dirs/root/half: entry is not JSON") for line in lines)
+    assert lines[-1] == "result: DAMAGE: 2 damaged files, 1 missing chunk, 1 bad entry"
+    assert report_lines(check(tree()[0]))[-1] == "result: clean"
