@@ -100,10 +100,15 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
+def _n(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def report_lines(report) -> list[str]:
     """The human summary: one line per finding, then the verdict."""
-    lines = [f"fsck {report.url}: {report.entries} entries ({report.dirs} directories, "
-             f"{report.files} files), {report.chunks} chunks ({_mib(report.chunk_bytes)})"
+    lines = [f"fsck {report.url}: {_n(report.entries, 'entry', 'entries')} ("
+             f"{_n(report.dirs, 'directory', 'directories')}, {_n(report.files, 'file')}), "
+             f"{_n(report.chunks, 'chunk')} ({_mib(report.chunk_bytes)})"
              + (f", {report.chunks_hashed} re-hashed" if report.chunks_hashed else "")]
     for d in report.damaged_files:
         what = [f"{len(d.missing)} chunk(s) missing"] if d.missing else []
@@ -149,7 +154,7 @@ def report_lines(report) -> list[str]:
                   (len(report.dangling_dirs), "dangling directory id"),
                   (len(report.missing_inodes), "missing inode object")]
         lines.append("result: DAMAGE: " + ", ".join(
-            f"{n} {what}{'' if n == 1 else 's'}".replace("entrys", "entries")
+            _n(n, what, what[:-1] + "ies" if what.endswith("y") else "")
             for n, what in counts if n))
     else:
         lines.append("result: clean")

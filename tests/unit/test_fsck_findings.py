@@ -294,7 +294,7 @@ def test_the_summary_names_each_finding_and_ends_with_the_verdict():
     store.delete(chunk_key(ids["shared"]))
     store.put(entry_key("root", b"half"), b"{")
     lines = report_lines(check(store))
-    assert lines[0].startswith("fsck mem://: 7 entries (1 directories, 5 files), 3 chunks")
+    assert lines[0].startswith("fsck mem://: 7 entries (1 directory, 5 files), 3 chunks")
     assert f"DAMAGED /a: 1 chunk(s) missing (first: {ids['shared']})" in lines
     assert f"DAMAGED /b: 1 chunk(s) missing (first: {ids['shared']})" in lines
     assert any(line.startswith("BAD ENTRY dirs/root/half: entry is not JSON") for line in lines)
