@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grace", type=float, default=None,
                    help="seconds (default: the mount's gc_grace, 24 h)")
 
+    from .fsck import add_parser as add_fsck_parser
+    add_fsck_parser(sub)
+
     pf = sub.add_parser("prefetch", help="warm a file or a tree into this node's cache")
     pf.add_argument("path", type=Path)
 
@@ -145,6 +148,9 @@ def run_command(args: argparse.Namespace) -> int:
         return cmd_gc(args.mountpoint, args.dry_run, args.grace)
     if args.command == "prefetch":
         return cmd_prefetch(args.path)
+    if args.command == "fsck":
+        from .fsck import cmd_fsck
+        return cmd_fsck(args)
     if args.command == "bench":
         from ..bench.runner import main as bench_main
         return bench_main(args)

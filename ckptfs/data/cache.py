@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 VERIFY_RETRY = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)
 
 
+def cache_file(root: Path, sha: str) -> Path:
+    """Where a chunk cache rooted at ``root`` keeps chunk ``sha`` (read by ``ckptfs fsck
+    --repair`` too, from outside the daemon)."""
+    return root / sha[:2] / sha
+
+
 DIRECT_ALIGN = 4096        # O_DIRECT: buffer address, offset and length in these units
 
 
@@ -131,7 +137,7 @@ class ChunkCache:
             self.total += size
 
     def path(self, sha: str) -> Path:
-        return self.root / sha[:2] / sha
+        return cache_file(self.root, sha)
 
     def has(self, sha: str) -> bool:
         return sha in self._lru

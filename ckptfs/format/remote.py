@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 import stat
 import uuid
 from dataclasses import dataclass, field
+from typing import Protocol
 
 ROOT_DIR_ID = "root"
 FORMAT_KEY = "ckptfs.json"
@@ -68,17 +70,62 @@ def check_key_fits(dir_id: str, name: bytes) -> None:
         raise KeyTooLong(f"store key of {key} bytes (limit {MAX_KEY})")
 
 
+CHUNKS_PREFIX = "chunks/"
+INODES_PREFIX = "inodes/"
+DIRS_PREFIX = "dirs/"
+
+
 def chunk_key(sha: str) -> str:
-    return f"chunks/{sha[:2]}/{sha}"
+    return f"{CHUNKS_PREFIX}{sha[:2]}/{sha}"
+
+
+class ChunkHasher(Protocol):
+    """What verifying a chunk needs of a hash: fed in pieces, read as hex."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def is_chunk_id(text: str) -> bool:
+    """Whether ``text`` is a chunk id this format knows (today: a sha256 in hex).  Every
+    reader that checks chunk ids or hashes chunk bodies goes through this function,
+    ``chunk_id_of_key`` and ``chunk_hasher``, so a new kind of id is added here once."""
+    return bool(_SHA_RE.match(text))
+
+
+def chunk_id_of_key(key: str) -> str | None:
+    """The chunk id a ``chunks/`` key names, or None for a key that is no chunk's (a
+    stray object, or a chunk under the wrong fan-out directory)."""
+    if not key.startswith(CHUNKS_PREFIX):
+        return None
+    chunk_id = key.rsplit("/", 1)[-1]
+    if not is_chunk_id(chunk_id) or chunk_key(chunk_id) != key:
+        return None
+    return chunk_id
+
+
+def chunk_hasher(chunk_id: str) -> ChunkHasher:
+    """A fresh hash of the kind ``chunk_id`` is made with (``BadEntry`` if none)."""
+    if _SHA_RE.match(chunk_id):
+        return hashlib.sha256()
+    raise BadEntry(f"unknown chunk id {chunk_id!r}")
+
+
+def chunk_matches(chunk_id: str, data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is the body of chunk ``chunk_id``."""
+    hasher = chunk_hasher(chunk_id)
+    hasher.update(data)
+    return hasher.hexdigest() == chunk_id
 
 
 def inode_key(link_id: str) -> str:
     """The shared inode object of a hard-linked file (decision 0008)."""
-    return f"inodes/{link_id}"
+    return f"{INODES_PREFIX}{link_id}"
 
 
 def dir_prefix(dir_id: str) -> str:
-    return f"dirs/{dir_id}/"
+    return f"{DIRS_PREFIX}{dir_id}/"
 
 
 def entry_key(dir_id: str, name: bytes) -> str:
@@ -308,7 +355,7 @@ def _chunks_from_json(chunks: object, size: int, max_chunk: int) -> list[tuple[s
     total = 0
     for item in chunks:
         if (not isinstance(item, list) or len(item) != 2
-                or not isinstance(item[0], str) or not _SHA_RE.match(item[0])
+                or not isinstance(item[0], str) or not is_chunk_id(item[0])
                 or not _is_int(item[1]) or not 0 < item[1] <= max_chunk):
             raise BadEntry(f"bad chunk {item!r}")
         total += item[1]
