@@ -174,12 +174,17 @@ def _walk_staged(run: _Run, cutoff: float,
 
 
 def _delete_tree(run: _Run, top_key: str, top_id: str, live: set[str], dry_run: bool) -> None:
-    """Delete a staged tree's entries, iteratively; directory ids that are also reachable
-    outside it (corrupt store) or already visited are left alone."""
+    """Delete a staged tree's entries, iteratively, deepest directories first: a pass
+    that dies halfway leaves whatever remains reachable from the tree's top entry (deleted
+    last), so the next pass finds it; a subdirectory's entry never goes before the
+    entries under it.  Directory ids that are also reachable outside the tree (corrupt
+    store) or already visited are left alone."""
     stack = [top_id] if top_id and top_id not in live else []
     visited = set(stack)
+    listings: list[list[str]] = []
     while stack:
         dir_id = stack.pop()
+        keys = []
         for obj in list(run.store.list(dir_prefix(dir_id))):
             key = obj.key
             _, entry = run.bodies.get(key) or run.fetch(key)
@@ -187,6 +192,12 @@ def _delete_tree(run: _Run, top_key: str, top_id: str, live: set[str], dry_run: 
                     entry.id not in visited and entry.id not in live:
                 visited.add(entry.id)
                 stack.append(entry.id)
+            keys.append(key)
+        listings.append(keys)
+    # a directory is listed after the one that names it: reversed, every directory's
+    # entries go before the entry naming it
+    for keys in reversed(listings):
+        for key in keys:
             if not dry_run:
                 run.store.delete(key)
             run.report.entries_deleted += 1

@@ -338,3 +338,39 @@ def test_concurrent_callers_share_one_gc_state_read_and_its_failure():
     for t in threads:
         t.join()
     assert store.gets == 1 and len(errors) == 4   # one read shared, not four in a row
+
+
+def test_a_gc_killed_while_it_deletes_a_staged_tree_strands_nothing(store):
+    """gc deletes a staged tree's deepest entries first: a pass that dies halfway leaves
+    every remaining entry reachable from the tree's top, so the next pass finds them
+    (before: a subdirectory's entry went first, the entries under it were stranded)."""
+    a, b = "a" * 32, "b" * 32
+
+    def put(parent, name, entry):
+        store.put(entry_key(parent, name), entry.to_json())
+
+    put("root", b"checkpoint-1", Entry(type="dir", mode=0o755, id=a, staged=True, mtime_ns=1))
+    put(a, b"sub", Entry(type="dir", mode=0o755, id=b, mtime_ns=1))
+    put(b, b"weights.bin", Entry(type="file", mode=0o644, size=3, chunks=[("0" * 64, 3)]))
+    put(b, b"config.json", Entry(type="file", mode=0o644, size=3, chunks=[("1" * 64, 3)]))
+
+    class Killed(Exception):
+        pass
+
+    real_delete = store.delete
+    deletes = []
+
+    def delete_then_die(key):
+        if deletes:
+            raise Killed(key)
+        deletes.append(key)
+        real_delete(key)
+
+    store.delete = delete_then_die
+    with pytest.raises(Killed):
+        gc(store)
+    assert len(deletes) == 1
+    store.delete = real_delete
+    gc(store)
+    left = sorted(o.key for o in store.list("dirs/"))
+    assert left == [], f"stranded entries: {left}"
