@@ -156,6 +156,7 @@ class Filesystem:
             await nursery.start(self.st.queue.run)
             await nursery.start(self.st.oplog.run, self.metalog._execute_meta)
             nursery.start_soon(self._watch_marker)
+            await nursery.start(self.st.journal.run)
             task_status.started()
 
     async def _watch_marker(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..errors import FsError
+from ..meta.journalsync import JournalSync
 from ..meta.namespace import Inode, Namespace
 from ..procstat import Opener, died_unclean
 from ..format.profiles import Profiles
@@ -202,6 +203,7 @@ class CoreState:
         self.cache = cache
         self.config = config
         self.nursery = nursery
+        self.journal = JournalSync(ns.sync)     # when the journal reaches the disk
         self.invalidate = invalidate
         self.invalidate_entry = invalidate_entry
         # Structural check of a closed file (formats.check_complete): a reason if the
@@ -297,8 +299,14 @@ class CoreState:
         return handle
 
     async def _sync_journal(self) -> None:
-        """Make the journal durable against a power cut (fsync of LMDB, in a thread)."""
-        await trio.to_thread.run_sync(self.ns.sync)
+        """Make the journal durable against a power cut before returning (fsync of LMDB,
+        in a thread, shared by the callers of one batch: ``journalsync.py``)."""
+        await self.journal.now()
+
+    def _sync_journal_soon(self) -> None:
+        """An async-mode change the caller does not wait on disk for: committed (it
+        survives the daemon), synced in the background with the changes around it."""
+        self.journal.soon()
 
     def _path_for_log(self, inode: Inode) -> str:
         try:

@@ -7,6 +7,7 @@ and knows nothing of S3 or LMDB.
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import json
@@ -30,8 +31,11 @@ XATTR_OURS = b"user.ckptfs."
 
 
 def _errors(fn):
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
+        self.requests[op] += 1
         try:
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
@@ -65,6 +69,8 @@ class FuseOps(pyfuse3.Operations):
         # Read by pyfuse3 at FUSE_INIT: let the kernel buffer writes in its page cache.
         self.enable_writeback_cache = writeback_cache
         self.fs = fs
+        # Kernel requests served, by operation (``status --json``: ``fuse_requests``).
+        self.requests: collections.Counter[str] = collections.Counter()
         self.control_path = control_path
         self.ttl = ttl
         self._dirs: dict[int, tuple[int, list[tuple[bytes, Inode]]]] = {}
