@@ -187,6 +187,9 @@ class Filesystem:
     def nlink(self, inode: Inode) -> int:
         return self.st.nlink(inode)
 
+    def blocks(self, inode: Inode) -> int:
+        return self.st.blocks(inode)
+
     async def lookup(self, parent: int, name: bytes) -> Inode:
         return await self.names.lookup(parent, name)
 

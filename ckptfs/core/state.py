@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..errors import FsError
+from ..format.remote import allocated_bytes
 from ..meta.journalsync import JournalSync
 from ..meta.namespace import Inode, Namespace
 from ..procstat import Opener, died_unclean
@@ -291,6 +292,25 @@ class CoreState:
         if inode.type == "dir":
             return 2 + self.ns.subdirs(inode.ino)
         return inode.nlink
+
+    def blocks(self, inode: Inode) -> int:
+        """st_blocks (512-byte blocks holding data, what ``du`` adds up): for a file
+        staged here, its staging file's allocation (a sparse file's holes hold none);
+        for a published one, its chunks but those of zeros; else from the size."""
+        by_size = (inode.size + 511) // 512
+        if inode.type != "file":
+            return by_size
+        rt = self.runtime.get(inode.ino)
+        if rt is not None and rt.session is not None:
+            ver: int | None = rt.session.ver
+        elif inode.dirty or inode.local_copy:
+            ver = inode.ver
+        else:
+            return (allocated_bytes(inode.chunks) + 511) // 512
+        try:
+            return self.staging.allocated(inode.ino, ver)
+        except (OSError, FsError):
+            return by_size
 
     def _handle(self, fh: int) -> Handle:
         handle = self.handles.get(fh)

@@ -645,6 +645,8 @@ class Daemon:
                 "store": self.opts.store_url, "durability": self.config.durability,
                 "fs": fs.stats(), "store_stats": self.stats.snapshot(),
                 "fuse_requests": dict(self.ops.requests) if self.ops else {},
+                "fuse_request_seconds": {op: round(s, 3) for op, s in
+                                         self.ops.request_seconds.items()} if self.ops else {},
                 "node_id": fs.leases.node_id,
                 "pending_seals": fs.leases.pending_report(),
                 "held_leases": fs.leases.held_report(),

@@ -70,3 +70,29 @@ def test_a_tree_copied_just_before_a_daemon_sigkill_is_kept_and_published(
     other = fresh(make_mount, s3_store)
     assert seen(other.path / "tree") == tree
     assert os.stat(other.path / "tree/d1/f3").st_mtime_ns == 10**18 + 3
+
+
+MiB = 1 << 20
+
+
+def test_du_counts_the_blocks_a_sparse_file_holds(local_store, make_mount):
+    """st_blocks (what ``du`` adds up) is the staging file's allocation while the file is
+    staged here, and its chunks but those of zeros once it is only in the store; a dense
+    file is never counted as less than its data."""
+    mnt = make_mount(local_store, durability="async")
+    with open(mnt.path / "sparse", "wb") as f:
+        f.truncate(40 * MiB)
+        f.seek(20 * MiB)
+        f.write(b"x" * 4096)
+    with open(mnt.path / "dense", "wb") as f:
+        f.write(os.urandom(3 * MiB))
+    sparse, dense = os.stat(mnt.path / "sparse"), os.stat(mnt.path / "dense")
+    assert sparse.st_size == 40 * MiB and sparse.st_blocks * 512 <= 64 * KiB
+    assert dense.st_blocks * 512 >= 3 * MiB
+    run_ckptfs("wait", str(mnt.path), check=True)
+    other = fresh(make_mount, local_store)          # remote only: counted from the chunks
+    sparse, dense = os.stat(other.path / "sparse"), os.stat(other.path / "dense")
+    # Of five 8 MiB chunks, four are zeros: one holds data.
+    assert sparse.st_size == 40 * MiB and sparse.st_blocks * 512 == 8 * MiB
+    assert dense.st_blocks * 512 >= 3 * MiB
+    assert (other.path / "sparse").read_bytes()[20 * MiB:20 * MiB + 4096] == b"x" * 4096
