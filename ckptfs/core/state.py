@@ -302,7 +302,7 @@ class CoreState:
             return by_size
         rt = self.runtime.get(inode.ino)
         if rt is not None and rt.session is not None:
-            ver: int | None = rt.session.ver
+            ver = rt.session.ver
         elif inode.dirty or inode.local_copy:
             ver = inode.ver
         else:
