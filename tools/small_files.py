@@ -109,7 +109,9 @@ def main() -> int:
                 d, undo = systems.enter(system, name)
                 try:
                     for tool in tools:
-                        target = d / tool
+                        # Named for the system and round: ckptfs mounts of one run share
+                        # the store, and each sees what the others wrote there.
+                        target = d / f"{tool}-{name}"
                         target.mkdir()
                         try:
                             seconds = TOOLS[tool](tree, archive, target)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -51,9 +53,15 @@ class DirMarks:
     def __init__(self) -> None:
         self._changes: dict[int, int] = {}
         self._busy: dict[int, int] = {}
+        self._touched_at: dict[int, float] = {}     # monotonic time of the last change
 
     def touch(self, ino: int) -> None:
         self._changes[ino] = self._changes.get(ino, 0) + 1
+        self._touched_at[ino] = time.monotonic()
+
+    def changed_within(self, ino: int, seconds: float) -> bool:
+        """Did this node change the directory less than ``seconds`` ago?"""
+        return time.monotonic() - self._touched_at.get(ino, -math.inf) < seconds
 
     def changes(self, ino: int) -> int:
         return self._changes.get(ino, 0)
