@@ -29,9 +29,9 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     proc = run_ckptfs("bench", "--store", s3_store.url, "--endpoint-url",
                       s3_store.seaweed.endpoint_url, "--rounds", "1", "--big-files", "1",
                       "--big-size", "24", "--small-files", "2", "--quick",
-                      "--small-tree", "20",
+                      "--small-tree", "10",
                       "--work-dir", str(work), "--systems", *SYSTEMS,
-                      env=s3_store.env, timeout=240)
+                      env=s3_store.env, timeout=420)
     assert proc.returncode == 0, proc.stderr
     columns, rows = table_rows(proc.stdout)
     assert columns == SYSTEMS
