@@ -127,18 +127,18 @@ def main() -> int:
     if not args.work_dir:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{args.files} files x {args.size} KiB; medians of {args.rounds} round(s), seconds")
+    bases = [b for b in ("passthrough", "local") if b in args.systems]
+    ours = [s for s in args.systems if s.startswith("ckptfs")]
     print(f"{'tool':<14}" + "".join(f"{s:>14}" for s in args.systems)
-          + "".join(f"{s + '/pt':>18}" for s in args.systems if s.startswith("ckptfs"))
-          + "".join(f"{s + '/local':>20}" for s in args.systems if s.startswith("ckptfs")))
+          + "".join(f"{s + '/' + b.replace('passthrough', 'pt'):>20}" for b in bases
+                    for s in ours))
     for tool in tools:
         med = {s: statistics.median(v) for s, v in results.get(tool, {}).items()}
         row = f"{tool:<14}" + "".join(f"{med.get(s, float('nan')):>14.3f}" for s in args.systems)
-        for base in ("passthrough", "local"):
-            width = 18 if base == "passthrough" else 20
-            for s in args.systems:
-                if s.startswith("ckptfs"):
-                    ratio = med[s] / med[base] if med.get(base) and s in med else float("nan")
-                    row += f"{ratio:>{width - 1}.2f}x"
+        for base in bases:
+            for s in ours:
+                ratio = med[s] / med[base] if med.get(base) and s in med else float("nan")
+                row += f"{ratio:>19.2f}x"
         print(row)
     return 0
 
