@@ -148,6 +148,37 @@ class Passthrough(pyfuse3.Operations):
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno) from None
 
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags,
+                     ctx):
+        if flags:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        old = self._child(parent_inode_old, name_old)
+        new = self._child(parent_inode_new, name_new)
+        try:
+            os.rename(old, new)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        prefix = old + os.sep          # a moved directory moves the paths below it
+        for ino, path in list(self.t.paths.items()):
+            if path == old:
+                self.t.paths[ino] = new
+            elif path.startswith(prefix):
+                self.t.paths[ino] = new + path[len(old):]
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        path = self._child(parent_inode, name)
+        try:
+            os.symlink(target, path)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        return self._attrs(path)
+
+    async def readlink(self, inode, ctx):
+        try:
+            return os.fsencode(os.readlink(self._path(inode)))
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+
     async def opendir(self, inode, ctx):
         path = self._path(inode)
         entries = []

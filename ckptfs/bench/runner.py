@@ -463,12 +463,62 @@ class Bench:
                         self.run_boto3(rnd)
                     else:
                         self.run_ckptfs(rnd, system.removeprefix("ckptfs-"))
+                if self.args.small_tree:
+                    self.run_small_trees(rnd, order)
         finally:
             if self.server:
                 self.server.stop()
             if not self.args.work_dir:
                 shutil.rmtree(self.work, ignore_errors=True)
         return self.summary()
+
+    # -------------------------------------------------------------- small files (issue 25)
+    SMALL_SYSTEMS = ("local", "passthrough", "ckptfs-async", "ckptfs-sync")
+
+    def run_small_trees(self, rnd: int, order: list[str]) -> None:
+        """``cp -a`` and ``tar x`` of a tree of ``--small-tree`` files of 4 KiB into a
+        fresh directory of each system (``bench/smallfiles.py``): the per-file cost a
+        daemon adds.  Recorded as ``small_cp_a`` and ``small_tar_x`` (seconds)."""
+        from .smallfiles import cp_a, make_tar, make_tree, tar_x
+        if not hasattr(self, "_small"):
+            src = self.work / "small-src"
+            src.mkdir(exist_ok=True)
+            tree = make_tree(src, self.args.small_tree, 4096)
+            self._small = (tree, make_tar(tree, self.work / "small.tar"))
+        tree, archive = self._small
+        for system in order:
+            if system not in self.SMALL_SYSTEMS:
+                continue
+            print(f"bench: round {rnd + 1}/{self.args.rounds}: {system}: small files",
+                  file=sys.stderr, flush=True)
+            name = f"small-{system}-{rnd}-{uuid.uuid4().hex[:6]}"
+            proc: subprocess.Popen | None = None
+            if system == "local":
+                target = self.work / name
+                target.mkdir()
+            elif system == "passthrough":
+                source = self.work / f"{name}-src"
+                source.mkdir()
+                target = self.work / f"mnt-{name}"
+                proc = self.start_passthrough(source, target)
+            else:
+                target = self.mount(name, system.removeprefix("ckptfs-"))
+            try:
+                # Below a directory of its own: the ckptfs mounts of a run share the
+                # store, and each sees what the others wrote there.
+                into = target / name
+                into.mkdir()
+                self.record(system, "small_cp_a", cp_a(tree, archive, into))
+                self.record(system, "small_tar_x", tar_x(tree, archive, into))
+            finally:
+                if system == "local":
+                    shutil.rmtree(target)
+                elif proc is not None:
+                    self.stop_passthrough(proc, target)
+                    shutil.rmtree(self.work / f"{name}-src")
+                else:
+                    ckptfs_cli("wait", str(target), env=self.env)
+                    self.umount(target)
 
     def summary(self) -> dict:
         med = {s: {m: statistics.median(v) for m, v in ms.items()}
@@ -531,7 +581,25 @@ def ratios(summary: dict) -> list[str]:
             line(f"{mode}: warm read throughput / local disk",
                  local["warm_read"] / m["warm_read"], ">= 0.8x",
                  local["warm_read"] / m["warm_read"] >= 0.8)
-    return lines + floors(local, passthrough)
+    return lines + small_file_ratios(med) + floors(local, passthrough)
+
+
+def small_file_ratios(med: dict) -> list[str]:
+    """Issue 25: a tree of small files copied (``cp -a``) and unpacked (``tar x``) into
+    ckptfs, against the bare passthrough (target: async <= 2x) and local disk."""
+    lines: list[str] = []
+    _, ratio = _liners(lines)
+    local = med.get("local", {})
+    passthrough = med.get("passthrough", {})
+    for mode in ("async", "sync"):
+        m = med.get(f"ckptfs-{mode}", {})
+        for metric, label in (("small_cp_a", "cp -a"), ("small_tar_x", "tar x")):
+            ratio(f"{mode}: small files {label} / passthrough", m.get(metric),
+                  passthrough.get(metric), 2.0 if mode == "async" else None,
+                  "<= 2.0x" if mode == "async" else "-")
+            ratio(f"{mode}: small files {label} / local disk", m.get(metric),
+                  local.get(metric), None, "-")
+    return lines
 
 
 def _liners(lines: list[str]):
@@ -599,6 +667,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--big-size", type=lambda s: int(float(s) * MiB), default=256 * MiB,
                    help="size of each big file in MiB")
     p.add_argument("--small-files", type=int, default=20)
+    p.add_argument("--small-tree", type=int, default=1000, metavar="FILES",
+                   help="files of 4 KiB in the tree `cp -a` and `tar x` copy into each "
+                   "system every round (0: skip)")
     p.add_argument("--work-dir", help="scratch directory (default: a new temp dir)")
     p.add_argument("--quick", action="store_true", help="skip re-save and 8-reader runs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -71,7 +71,7 @@ class Attributes:
                 await self._publish_attributes(inode)
         self.st._drop_rt(ino)
         if self.st._deferred():
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
         inode = self.st.ns.get(ino)
         if inode.dirty and self.st.config.durability == "sync" and rt.session is None \
                 and ino not in self.st.queue.queued:
@@ -127,7 +127,7 @@ class Attributes:
                     raise
         self.st._drop_rt(ino)
         if self.st._deferred():
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
 
     async def _publish_attributes(self, inode: Inode) -> None:
         """A published entry's new attributes reach the store: at once in sync mode; in

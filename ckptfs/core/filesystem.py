@@ -156,6 +156,7 @@ class Filesystem:
             await nursery.start(self.st.queue.run)
             await nursery.start(self.st.oplog.run, self.metalog._execute_meta)
             nursery.start_soon(self._watch_marker)
+            await nursery.start(self.st.journal.run)
             task_status.started()
 
     async def _watch_marker(self) -> None:
@@ -185,6 +186,9 @@ class Filesystem:
 
     def nlink(self, inode: Inode) -> int:
         return self.st.nlink(inode)
+
+    def blocks(self, inode: Inode) -> int:
+        return self.st.blocks(inode)
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
         return await self.names.lookup(parent, name)

@@ -197,7 +197,7 @@ class Names:
             self._mark_parent_changed(parent)
             self.st.oplog.add({"kind": "mkdir", "ino": inode.ino, "parent_id": parent.dir_id,
                             "name": name.hex()}, dirs=[parent.ino])
-        await self.st._sync_journal()
+        self.st._sync_journal_soon()
         return inode
 
     def _mark_parent_changed(self, parent: Inode) -> None:
@@ -224,7 +224,7 @@ class Names:
             self.st.oplog.add({"kind": "put", "ino": inode.ino, "parent_id": parent_inode.dir_id,
                             "name": inode.name.hex()}, dirs=[parent])
             self._mark_parent_changed(parent_inode)
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
             return inode
         try:
             await self.entries._put_entry(inode)
@@ -305,7 +305,7 @@ class Names:
             raise FsError(errno.EISDIR)
         await self._remove(inode, parent, name)
         if self.st._deferred():
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.lookup(parent, name)
@@ -316,7 +316,7 @@ class Names:
             raise FsError(errno.ENOTEMPTY)
         await self._remove(inode, parent, name)
         if self.st._deferred():
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
 
     async def _remove(self, inode: Inode, parent_ino: int, name: bytes) -> None:
         # Under the inode's lock: an entry PUT in flight (a publish) lands first, then

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Files up to this size are checked for completeness on the trio thread (a few reads of
+# the page cache); larger ones in a worker thread.
+INLINE_CHECK_MAX = 64 << 10
+
 
 class Publish:
     """The close decision, fsync, release and publishing.  Owns the names to drop from the
@@ -93,7 +97,7 @@ class Publish:
         if self.st.config.durability == "async":
             self._journal_publish(inode)
             self.seals._seals_after_close(inode, wait=False)
-            await self.st._sync_journal()
+            self.st._sync_journal_soon()
             return
         await self.publish_now(inode.ino)
         await self.seals._seals_after_close(inode, wait=True)
@@ -119,6 +123,11 @@ class Publish:
     async def _incomplete_reason(self, inode: Inode, ver: int, size: int) -> str | None:
         if self.st.check_complete is None or size == 0:
             return None
+        if size <= INLINE_CHECK_MAX:
+            # A small file is checked here, from the page cache, through the shared
+            # descriptor (no await: it cannot be evicted meanwhile) -- a worker thread's
+            # round trip cost more than the check (issue 25).
+            return self.st.check_complete(self.st.staging.fd(inode.ino, ver), size)
         # The thread reads through a descriptor of its own: the shared one may be evicted
         # (and its number reused by another file) while it runs.
         with self.st.staging.owned_fd(inode.ino, ver) as fd:
@@ -214,7 +223,7 @@ class Publish:
             epoch = self.st._publish_epoch[inode.ino] = self.st.oplog.epoch()
             self.st.ns.publish_pending_add(inode.ino, epoch)
         self.st.queue.submit(inode.ino)
-        self.writes._staged_bytes = (0.0, 0)     # counted again at the next write
+        self.writes.closed(inode.size)
 
     def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
         """Keep a working version out of sight: move its staging file aside (for

@@ -64,6 +64,13 @@ class Refresh:
             event = self._refreshing[ino] = trio.Event()
             self._refresh_started[ino] = trio.current_time()
             self.st.nursery.start_soon(self._refresh_in_background, ino, event)
+        if not force and inode.listed_at and self.st._deferred() and \
+                self.st.dir_marks.changed_within(ino, self.st.config.metadata_ttl):
+            # Async mode, a directory this node is filling (a copy, an unpacked tree):
+            # its own names are newer here than in any listing, and other nodes' come
+            # with the listing just started -- a lookup or create does not wait for it
+            # (it did once per TTL: most of a small file's time in `cp -a`, issue 25).
+            return
         if force or not inode.listed_at:
             await event.wait()
             error = self._refresh_failed.get(ino)

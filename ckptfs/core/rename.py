@@ -155,7 +155,7 @@ class Rename:
                 self.st.queue.changed()     # records waiting for its older epoch look again
         for ino in inos + [inode.ino]:
             self.st._drop_rt(ino)
-        await self.st._sync_journal()
+        self.st._sync_journal_soon()
         if inode.type == "file" and not self.st._writers(inode.ino):
             self.seals._seals_after_close(inode, wait=False)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -17,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..errors import FsError
+from ..format.remote import allocated_bytes
+from ..meta.journalsync import JournalSync
 from ..meta.namespace import Inode, Namespace
 from ..procstat import Opener, died_unclean
 from ..format.profiles import Profiles
@@ -49,9 +53,15 @@ class DirMarks:
     def __init__(self) -> None:
         self._changes: dict[int, int] = {}
         self._busy: dict[int, int] = {}
+        self._touched_at: dict[int, float] = {}     # monotonic time of the last change
 
     def touch(self, ino: int) -> None:
         self._changes[ino] = self._changes.get(ino, 0) + 1
+        self._touched_at[ino] = time.monotonic()
+
+    def changed_within(self, ino: int, seconds: float) -> bool:
+        """Did this node change the directory less than ``seconds`` ago?"""
+        return time.monotonic() - self._touched_at.get(ino, -math.inf) < seconds
 
     def changes(self, ino: int) -> int:
         return self._changes.get(ino, 0)
@@ -202,6 +212,7 @@ class CoreState:
         self.cache = cache
         self.config = config
         self.nursery = nursery
+        self.journal = JournalSync(ns.sync)     # when the journal reaches the disk
         self.invalidate = invalidate
         self.invalidate_entry = invalidate_entry
         # Structural check of a closed file (formats.check_complete): a reason if the
@@ -290,6 +301,25 @@ class CoreState:
             return 2 + self.ns.subdirs(inode.ino)
         return inode.nlink
 
+    def blocks(self, inode: Inode) -> int:
+        """st_blocks (512-byte blocks holding data, what ``du`` adds up): for a file
+        staged here, its staging file's allocation (a sparse file's holes hold none);
+        for a published one, its chunks but those of zeros; else from the size."""
+        by_size = (inode.size + 511) // 512
+        if inode.type != "file":
+            return by_size
+        rt = self.runtime.get(inode.ino)
+        if rt is not None and rt.session is not None:
+            ver = rt.session.ver
+        elif inode.dirty or inode.local_copy:
+            ver = inode.ver
+        else:
+            return (allocated_bytes(inode.chunks) + 511) // 512
+        try:
+            return self.staging.allocated(inode.ino, ver)
+        except (OSError, FsError):
+            return by_size
+
     def _handle(self, fh: int) -> Handle:
         handle = self.handles.get(fh)
         if handle is None:
@@ -297,8 +327,14 @@ class CoreState:
         return handle
 
     async def _sync_journal(self) -> None:
-        """Make the journal durable against a power cut (fsync of LMDB, in a thread)."""
-        await trio.to_thread.run_sync(self.ns.sync)
+        """Make the journal durable against a power cut before returning (fsync of LMDB,
+        in a thread, shared by the callers of one batch: ``journalsync.py``)."""
+        await self.journal.now()
+
+    def _sync_journal_soon(self) -> None:
+        """An async-mode change the caller does not wait on disk for: committed (it
+        survives the daemon), synced in the background with the changes around it."""
+        self.journal.soon()
 
     def _path_for_log(self, inode: Inode) -> str:
         try:

@@ -109,7 +109,10 @@ class Status:
         return {"pending_uploads": self.pending_uploads(),
                 "failing_uploads": dict(self.st.queue.failing),
                 "pending_metadata": len(self.st.oplog.pending),
-                "staged_bytes": self.writes.staged_bytes(), "max_staged": self.writes.max_staged,
+                "staged_bytes": self.writes.staged_bytes(fresh=True),
+                "max_staged": self.writes.max_staged,
+                # fsyncs of the journal (one per batch of changes: journalsync.py).
+                "journal_syncs": self.st.journal.syncs,
                 "writers_waiting_for_uploads": self.writes.writers_waiting,
                 # Async: seconds the uploads have been waiting for a writer to pause.
                 "uploads_held_for_writer_s": round(self.st.upload_gate.held_for(), 2)

@@ -141,6 +141,17 @@ class Staging:
         os.ftruncate(fd, 0)
         return fd
 
+    def allocated(self, ino: int, ver: int) -> int:
+        """512-byte blocks the staging disk holds for a version (``st_blocks``: less than
+        its size for a sparse file)."""
+        fd = self._fds.get((ino, ver))
+        if fd is not None:
+            return os.fstat(fd).st_blocks
+        try:
+            return os.stat(self.path(ino, ver)).st_blocks
+        except FileNotFoundError:
+            raise FsError(errno.EIO, f"staging file {ino}.{ver} is missing") from None
+
     def size(self, ino: int, ver: int) -> int:
         fd = self._fds.get((ino, ver))
         if fd is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import re
@@ -73,6 +74,18 @@ def check_key_fits(dir_id: str, name: bytes) -> None:
 CHUNKS_PREFIX = "chunks/"
 INODES_PREFIX = "inodes/"
 DIRS_PREFIX = "dirs/"
+
+
+@functools.lru_cache(maxsize=8)
+def zero_chunk_sha(length: int) -> str:
+    """The SHA-256 of ``length`` zero bytes: a chunk with it holds a hole's bytes (the
+    format records no holes; a chunk of zeros is stored like any other, once)."""
+    return hashlib.sha256(bytes(length)).hexdigest()
+
+
+def allocated_bytes(chunks: list[tuple[str, int]]) -> int:
+    """Bytes of a published file that hold data: its chunks but those of zeros."""
+    return sum(n for sha, n in chunks if sha != zero_chunk_sha(n))
 
 
 def chunk_key(sha: str) -> str:

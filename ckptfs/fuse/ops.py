@@ -7,6 +7,7 @@ and knows nothing of S3 or LMDB.
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import json
@@ -30,15 +31,20 @@ XATTR_OURS = b"user.ckptfs."
 
 
 def _errors(fn):
+    op = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
+        self.requests[op] += 1
+        started = time.perf_counter()
         try:
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except FsError as exc:
+            # Answers, not failures: not logged (cp -a asks for every file's ACL).
             if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENODATA,
-                                 errno.ENAMETOOLONG):
+                                 errno.ENAMETOOLONG, errno.ENOTSUP):
                 log.info("%s: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(exc.errno) from None
         except trio.Cancelled:
@@ -52,6 +58,8 @@ def _errors(fn):
         except Exception as exc:  # noqa: BLE001 - the daemon must stay up
             log.exception("%s failed unexpectedly", fn.__name__)
             raise pyfuse3.FUSEError(errno_of(exc)) from None
+        finally:
+            self.request_seconds[op] += time.perf_counter() - started
     return wrapper
 
 
@@ -65,6 +73,9 @@ class FuseOps(pyfuse3.Operations):
         # Read by pyfuse3 at FUSE_INIT: let the kernel buffer writes in its page cache.
         self.enable_writeback_cache = writeback_cache
         self.fs = fs
+        # Kernel requests served, by operation (``status --json``: ``fuse_requests``).
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.request_seconds: collections.Counter[str] = collections.Counter()   # in handlers
         self.control_path = control_path
         self.ttl = ttl
         self._dirs: dict[int, tuple[int, list[tuple[bytes, Inode]]]] = {}
@@ -83,7 +94,7 @@ class FuseOps(pyfuse3.Operations):
         a.st_rdev = inode.rdev
         a.st_size = inode.size
         a.st_blksize = 1 << 20
-        a.st_blocks = (inode.size + 511) // 512
+        a.st_blocks = self.fs.blocks(inode)
         a.st_atime_ns = inode.atime_ns or inode.mtime_ns
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns or inode.mtime_ns

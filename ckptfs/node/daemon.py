@@ -285,6 +285,7 @@ class Daemon:
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
+        self.ops: FuseOps | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
         self.retention: Retention | None = None     # with the [[retention]] rules
         self._shutdown = trio.Event()
@@ -398,8 +399,9 @@ class Daemon:
                     check_complete=self._completeness_check())
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
-                ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                              writeback_cache=self.config.writeback_cache, metrics=metrics)
+                ops = self.ops = FuseOps(fs, control_path, self.config.metadata_ttl,
+                                         writeback_cache=self.config.writeback_cache,
+                                         metrics=metrics)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if self.allow_other:
@@ -647,6 +649,9 @@ class Daemon:
                 "store": self.opts.store_url, "durability": self.config.durability,
                 "allow_other": self.allow_other,
                 "fs": fs.stats(), "store_stats": self.stats.snapshot(),
+                "fuse_requests": dict(self.ops.requests) if self.ops else {},
+                "fuse_request_seconds": {op: round(s, 3) for op, s in
+                                         self.ops.request_seconds.items()} if self.ops else {},
                 "node_id": fs.leases.node_id,
                 "pending_seals": fs.leases.pending_report(),
                 "held_leases": fs.leases.held_report(),

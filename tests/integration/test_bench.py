@@ -29,8 +29,9 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     proc = run_ckptfs("bench", "--store", s3_store.url, "--endpoint-url",
                       s3_store.seaweed.endpoint_url, "--rounds", "1", "--big-files", "1",
                       "--big-size", "24", "--small-files", "2", "--quick",
+                      "--small-tree", "10",
                       "--work-dir", str(work), "--systems", *SYSTEMS,
-                      env=s3_store.env, timeout=240)
+                      env=s3_store.env, timeout=420)
     assert proc.returncode == 0, proc.stderr
     columns, rows = table_rows(proc.stdout)
     assert columns == SYSTEMS
@@ -54,6 +55,11 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     assert "async: blocked / passthrough blocked" in proc.stdout
     assert "sync: durable / parallel boto3 upload" in proc.stdout
     assert "sync: daemon CPU s/GiB write" in proc.stdout
+    # Small files (issue 25): cp -a and tar x of a tree into each system, ratios printed.
+    for system in ("local", "passthrough", "ckptfs-sync", "ckptfs-async"):
+        assert cell("small_cp_a", system) > 0 and cell("small_tar_x", system) > 0
+    assert "async: small files cp -a / passthrough" in proc.stdout
+    assert "sync: small files tar x / passthrough" in proc.stdout
     # The bench leaves no mount behind, and no scratch file of its memory priming.
     assert not any(os.path.ismount(p) for p in work.glob("mnt-*"))
     assert not (work / ".prime").exists()
