@@ -58,8 +58,54 @@ class Opening:
                 handle = await self._open(ino, flags, opener)
         else:
             handle = await self._open(ino, flags, opener)
+        self.decide_passthrough(handle, fresh=bool(flags & os.O_TRUNC))
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
+
+    def decide_passthrough(self, handle: Handle, fresh: bool) -> None:
+        """Whether the kernel writes this handle's bytes straight to its staging file
+        (FUSE passthrough), so that no write request reaches the daemon.  Only a writer of
+        a new working version (``fresh``: create or O_TRUNC), only in async mode (sync
+        mode's close and fsync upload what the write path pipelined), only while staged
+        bytes are under --max-staged (past it, writers must wait in ``write``), and only
+        if every other open handle of the inode is a passthrough handle of the same
+        session: the kernel allows one backing file per inode, and a cached open and a
+        passthrough open of one inode exclude each other (fs/fuse/iomode.c)."""
+        if not (fresh and handle.writable and self.st.passthrough_available()):
+            return
+        if self.st.config.durability != "async" or \
+                self.writes.staged_bytes() > self.writes.max_staged:
+            return
+        rt = self.st._rt(handle.ino)
+        for fh in rt.handles:
+            other = self.st.handles.get(fh)
+            if fh != handle.fh and (other is None or not other.passthrough
+                                    or other.session is not handle.session):
+                return
+        handle.passthrough = True
+        handle.wrote = True         # its writes are not seen: count it as a writer that wrote
+        rt.passthrough += 1
+        self.st.upload_gate.writer_opened()
+
+    def backing_fd(self, handle: Handle) -> int:
+        """A *borrowed* descriptor of a passthrough handle's staging file (the kernel
+        takes its own reference at once), or -1."""
+        if not handle.passthrough or handle.session is None:
+            return -1
+        return self.st.staging.fd(handle.ino, handle.session.ver)
+
+    def live_size(self, inode: Inode) -> Inode:
+        """``inode`` with the size and mtime of its staging file while passthrough handles
+        write it (the daemon sees no writes; the kernel's is the staging file's)."""
+        rt = self.st.runtime.get(inode.ino)
+        if rt is not None and rt.passthrough and rt.session is not None:
+            try:
+                st = os.fstat(self.st.staging.fd(inode.ino, rt.session.ver))
+            except (OSError, FsError):
+                return inode
+            inode.size = st.st_size
+            inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
+        return inode
 
     async def _open(self, ino: int, flags: int, opener: Opener) -> Handle:
         inode = self.st.ns.get(ino)
@@ -94,6 +140,14 @@ class Opening:
         the newer ones bypass it (direct_io) so each reads its own version."""
         rt = self.st._rt(handle.ino)
         pages = self.page_versions
+        if handle.passthrough:
+            pages.pop(handle.ino, None)
+            return False, False
+        if rt.passthrough:
+            # The kernel serves passthrough opens of this inode: any other open must take
+            # no io mode (direct I/O), or the kernel would fail it (fs/fuse/iomode.c).
+            pages.pop(handle.ino, None)
+            return False, True
         if handle.writable or rt.session is not None or handle.snapshot[0] == "live":
             pages.pop(handle.ino, None)
             return False, False

@@ -27,6 +27,7 @@ import trio
 from .control import ControlServer
 from ..errors import MountError
 from ..core import Config, Filesystem
+from ..fuse.datapath import DataPath, has_cap_sys_admin
 from ..fuse.ops import FuseOps
 from ..data.liveness import DEFAULT_SETTLE
 from ..meta.namespace import ROOT_INO, Namespace
@@ -284,6 +285,8 @@ class Daemon:
         self.stats = StoreStats()
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
+        self.ops: FuseOps | None = None
+        self.data_path: DataPath | None = None
         self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
         self.retention: Retention | None = None     # with the [[retention]] rules
@@ -394,8 +397,13 @@ class Daemon:
                     check_complete=self._completeness_check())
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
-                ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                              writeback_cache=self.config.writeback_cache, metrics=metrics)
+                data_path = self.data_path = DataPath(
+                    pyfuse3, self.config.passthrough, self.config.writeback_cache,
+                    has_cap_sys_admin())
+                fs.st.passthrough_available = data_path.available
+                ops = self.ops = FuseOps(fs, control_path, self.config.metadata_ttl,
+                                         writeback_cache=self.config.writeback_cache,
+                                         metrics=metrics, passthrough=data_path.wanted)
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if opts.allow_other:
@@ -539,6 +547,8 @@ class Daemon:
             log.warning("could not find %s in /proc/self/mountinfo: a forked child's close "
                         "cannot be told from its parent's", self.opts.mountpoint)
         log.info("mounted %s on %s", url, self.opts.mountpoint)
+        if self.data_path is not None:
+            self.data_path.say_once()
         on_ready()
         sd_notify("READY=1")
 
@@ -643,6 +653,8 @@ class Daemon:
                 "store": self.opts.store_url, "durability": self.config.durability,
                 "fs": fs.stats(), "store_stats": self.stats.snapshot(),
                 "node_id": fs.leases.node_id,
+                "data_path": self.data_path.describe() if self.data_path else None,
+                "fuse_requests": dict(self.ops.requests) if self.ops else {},
                 "pending_seals": fs.leases.pending_report(),
                 "held_leases": fs.leases.held_report(),
                 "lease_requests": vars(fs.leases.stats),
