@@ -361,9 +361,12 @@ class Publish:
             return
         rt = self.st._rt(handle.ino)
         rt.handles.discard(fh)
-        if handle.passthrough:        # its writer is no longer at work (decision 0015)
+        if handle.passthrough:
             rt.passthrough -= 1
-            self.st.upload_gate.writer_closed()
+            if not rt.passthrough:
+                rt.passthrough_ver = None
+            if handle.writable:         # its writer is no longer at work (decision 0015)
+                self.st.upload_gate.writer_closed()
         inode = self.st.ns.maybe_get(handle.ino)
         if handle.writable:
             rt.writers -= 1

@@ -169,7 +169,8 @@ class Runtime:
     session: Session | None = None
     trackers: dict[int, ChunkTracker] = field(default_factory=dict)   # closed ver -> chunks sent
     refs: dict[int, int] = field(default_factory=dict)        # staging ver -> users
-    passthrough: int = 0      # open handles whose writes go to the staging file directly
+    passthrough: int = 0      # open handles the kernel serves from a staging file itself
+    passthrough_ver: int | None = None      # ... that staging file's version
 
 
 # Inodes whose page-cache version is remembered after their last close (core/write.py).

@@ -3,7 +3,8 @@
 Passthrough (the kernel reads and writes an open file's staging file itself, no write
 request reaches the daemon) needs four things: the setting (``passthrough = auto``),
 writeback cache off (the kernel refuses both at once), a pyfuse3 built with passthrough
-(tools/setup.sh patches it; a stock build lacks ``PASSTHROUGH_SUPPORTED``) and
+(tools/setup.sh patches it; a stock build lacks ``PASSTHROUGH_SUPPORTED``), async
+durability (sync mode keeps its writes on the daemon, README "The data path") and
 CAP_SYS_ADMIN (the kernel's check when a backing file is registered), then the kernel's
 grant at FUSE_INIT.  ``DataPath`` decides what can be known before mounting, then what the
 kernel granted, and says it in one line.  Knows nothing of the core's open decisions
@@ -38,10 +39,13 @@ class DataPath:
     """The data path of one mount.  ``library`` is the pyfuse3 module (a fake in tests)."""
 
     def __init__(self, library: ModuleType, setting: str, writeback_cache: bool,
-                 capable: bool) -> None:
+                 capable: bool, sync: bool = False) -> None:
         self.library = library
         if setting == "off":
             self._not = "passthrough = off"
+        elif sync:
+            self._not = ("sync mode (its close and fsync upload the chunks the daemon "
+                         "pipelined as the bytes came in)")
         elif writeback_cache:
             self._not = "writeback_cache is on (the kernel allows no passthrough with it)"
         elif not getattr(library, "PASSTHROUGH_SUPPORTED", False):

@@ -399,7 +399,7 @@ class Daemon:
                 self._start_retention(fs, nursery)
                 data_path = self.data_path = DataPath(
                     pyfuse3, self.config.passthrough, self.config.writeback_cache,
-                    has_cap_sys_admin())
+                    has_cap_sys_admin(), sync=self.config.durability == "sync")
                 fs.st.passthrough_available = data_path.available
                 ops = self.ops = FuseOps(fs, control_path, self.config.metadata_ttl,
                                          writeback_cache=self.config.writeback_cache,

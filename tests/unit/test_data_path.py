@@ -25,6 +25,7 @@ def test_each_missing_piece_says_why_the_daemon_serves():
     cases = [
         (DataPath(_library(), "off", False, True), "passthrough = off"),
         (DataPath(_library(), "auto", True, True), "writeback_cache"),
+        (DataPath(_library(), "auto", False, True, sync=True), "sync mode"),
         (DataPath(SimpleNamespace(), "auto", False, True), "built without passthrough"),
         (DataPath(_library(), "auto", False, False), "CAP_SYS_ADMIN"),
         (DataPath(_library(granted=False), "auto", False, True), "did not offer"),

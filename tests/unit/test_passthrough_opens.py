@@ -40,15 +40,23 @@ async def test_a_new_file_is_written_by_passthrough_and_its_size_is_the_staging_
     await core.fs.release(reader.fh)
 
 
-async def test_a_reader_opening_beside_a_passthrough_writer_gets_direct_io(core):
+async def test_opens_beside_a_passthrough_writer_share_its_backing_file(core):
+    """The kernel fails any open of an inode open for passthrough that is not
+    passthrough with the same backing file: a reader of the working version and a
+    second writer of the session get it too."""
     _kernel_passthrough(core)
     writer, inode = await core.fs.create(ROOT, b"model.pt", 0o644, WRITE_NEW, 0, 0, core.me())
     reader = await core.fs.open(inode.ino, os.O_RDONLY, core.me())
-    assert not reader.passthrough
-    assert core.fs.open_flags(reader) == (False, True)
-    await core.fs.release(reader.fh)
+    second = await core.fs.open(inode.ino, os.O_WRONLY, core.me())
+    assert reader.passthrough and second.passthrough
+    assert core.fs.open_flags(reader) == (False, False)
+    fds = {os.fstat(core.fs.backing_fd(h)).st_ino for h in (writer, reader, second)}
+    assert len(fds) == 1
+    for handle in (reader, second):
+        await core.fs.release(handle.fh)
     await core.fs.flush(writer.fh)
     await core.fs.release(writer.fh)
+    assert core.fs.st.upload_gate._in_flight == 0
 
 
 async def test_a_writer_beside_an_open_reader_of_the_old_version_stays_on_the_daemon(core):
