@@ -278,6 +278,19 @@ def bind_metrics(address: str | None):
     return metrics
 
 
+def fuse_ops(config: Config, fs: Filesystem, control_path: str,
+             metrics) -> tuple[FuseOps, DataPath]:
+    """The FUSE adapter of a mount and its data path (kernel passthrough or the daemon,
+    fuse/datapath.py), the core told when an open may use passthrough."""
+    data_path = DataPath(pyfuse3, config.passthrough, config.writeback_cache,
+                         has_cap_sys_admin(), sync=config.durability == "sync")
+    fs.st.passthrough_available = data_path.available
+    ops = FuseOps(fs, control_path, config.metadata_ttl,
+                  writeback_cache=config.writeback_cache, metrics=metrics,
+                  passthrough=data_path.wanted)
+    return ops, data_path
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -397,13 +410,8 @@ class Daemon:
                     check_complete=self._completeness_check())
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
-                data_path = self.data_path = DataPath(
-                    pyfuse3, self.config.passthrough, self.config.writeback_cache,
-                    has_cap_sys_admin(), sync=self.config.durability == "sync")
-                fs.st.passthrough_available = data_path.available
-                ops = self.ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                                         writeback_cache=self.config.writeback_cache,
-                                         metrics=metrics, passthrough=data_path.wanted)
+                ops, self.data_path = fuse_ops(self.config, fs, control_path, metrics)
+                self.ops = ops
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if opts.allow_other:
