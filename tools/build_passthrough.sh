@@ -15,8 +15,12 @@ patch=$PWD/tools/patches/pyfuse3-3.5.0-passthrough.patch
 prefix=$venv/opt/libfuse-3.17.2
 stamp=$venv/.ckptfs-passthrough-$(sha256sum "$patch" | cut -c1-16)
 log=$venv/ckptfs-passthrough-build.log
-[ -e "$stamp" ] && exit 0
 py=$venv/bin/python
+# Built, and still installed (a later pip run may have put the stock pyfuse3 back).
+if [ -e "$stamp" ] && (cd / && "$py" -c "import pyfuse3, sys; sys.exit(not getattr(
+        pyfuse3, 'PASSTHROUGH_SUPPORTED', False))" 2>/dev/null); then
+    exit 0
+fi
 work=$(mktemp -d /tmp/ckptfs-passthrough.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
