@@ -32,6 +32,10 @@ if [ ! -e "$stamp" ]; then
     touch "$stamp"
 fi
 
+# Kernel FUSE passthrough (README "The data path"): libfuse 3.17 and a patched pyfuse3 in
+# .venv; if that cannot be built, one line says so and the stock pyfuse3 stays.
+tools/build_passthrough.sh .venv
+
 # mount -t fuse.ckptfs (fstab): mount(8) runs mount.fuse3 with a clean PATH, which runs
 # `ckptfs STORE_URL MOUNTPOINT -o ...`; put the command where that PATH finds it.
 if [ "$(id -u)" = 0 ] && [ -d /usr/local/sbin ]; then

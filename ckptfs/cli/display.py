@@ -54,6 +54,10 @@ def status_text(doc: dict) -> str:
 
     row("store", str(doc.get("store")))
     row("durability", str(doc.get("durability")))
+    data_path = doc.get("data_path") or {}
+    if data_path:
+        row("data path", str(data_path.get("path"))
+            + (f" ({data_path['reason']})" if data_path.get("reason") else ""))
     row("pending", pending_text(doc, fs))
     if fs.get("pending_metadata"):
         row("metadata", f"{fs['pending_metadata']} change(s) journaled, on their way to "

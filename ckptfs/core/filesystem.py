@@ -191,10 +191,10 @@ class Filesystem:
         return self.st.blocks(inode)
 
     async def lookup(self, parent: int, name: bytes) -> Inode:
-        return await self.names.lookup(parent, name)
+        return self.opening.live_size(await self.names.lookup(parent, name))
 
     def getattr(self, ino: int) -> Inode:
-        return self.names.getattr(ino)
+        return self.opening.live_size(self.names.getattr(ino))
 
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
         return await self.names.listdir(ino)
@@ -233,8 +233,9 @@ class Filesystem:
                       gid: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
                       fh: int | None = None) -> Inode:
-        return await self.attrs.setattr(ino, mode=mode, uid=uid, gid=gid, size=size,
-                                        atime_ns=atime_ns, mtime_ns=mtime_ns, fh=fh)
+        return self.opening.live_size(await self.attrs.setattr(
+            ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns,
+            mtime_ns=mtime_ns, fh=fh))
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
         return self.attrs.getxattr(ino, name)
@@ -254,6 +255,9 @@ class Filesystem:
 
     def open_flags(self, handle: Handle) -> tuple[bool, bool]:
         return self.opening.open_flags(handle)
+
+    def backing_fd(self, handle: Handle) -> int:
+        return self.opening.backing_fd(handle)
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         return await self.writes.write(fh, offset, data)

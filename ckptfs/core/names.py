@@ -294,6 +294,7 @@ class Names:
         session.tracker.reset()
         session.wrote = True  # creating the file is a change worth publishing
         handle = self.opening._new_handle(inode, opener, writable=True)
+        self.opening.decide_passthrough(handle, fresh=True)
         await self.st.leases.writing(inode)
         return handle, inode
 

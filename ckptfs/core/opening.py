@@ -12,7 +12,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
 from .chunkmap import ChunkMap
-from .state import CoreState, Handle, PAGE_VERSIONS_KEPT
+from .state import CoreState, Handle, PAGE_VERSIONS_KEPT, Runtime
 from .write import WritePath
 
 
@@ -58,8 +58,79 @@ class Opening:
                 handle = await self._open(ino, flags, opener)
         else:
             handle = await self._open(ino, flags, opener)
+        self.decide_passthrough(handle, fresh=bool(flags & os.O_TRUNC))
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
+
+    def decide_passthrough(self, handle: Handle, fresh: bool) -> None:
+        """Whether the kernel reads and writes this handle's bytes in its staging file
+        itself (FUSE passthrough): no read or write request reaches the daemon.
+
+        The kernel keeps one backing file per inode and, while an inode is open for
+        passthrough, fails every open of it that is not passthrough with that same
+        backing file (fs/fuse/iomode.c); a cached open and a passthrough open exclude
+        each other too.  So passthrough *starts* only for a writer of a new working
+        version (``fresh``: create or O_TRUNC) alone on its inode, in async mode (sync
+        mode's close and fsync upload what the write path pipelined), under
+        --max-staged (past it, writers must wait in ``write``); and while it lasts,
+        every open of the same staging file (a reader of the working version, another
+        writer of the session) is passthrough as well.  Any other open then falls back
+        to the daemon with direct I/O."""
+        rt = self.st._rt(handle.ino)
+        if rt.passthrough:
+            if self._file_ver(handle, rt) == rt.passthrough_ver:
+                self._mark_passthrough(handle, rt)
+            return
+        if not (fresh and handle.writable and handle.session is not None
+                and self.st.passthrough_available()):
+            return
+        if self.st.config.durability != "async" or \
+                self.writes.staged_bytes() > self.writes.max_staged:
+            return
+        if any(fh != handle.fh for fh in rt.handles):
+            return
+        rt.passthrough_ver = handle.session.ver
+        self._mark_passthrough(handle, rt)
+
+    def _mark_passthrough(self, handle: Handle, rt: Runtime) -> None:
+        handle.passthrough = True
+        rt.passthrough += 1
+        if handle.writable:
+            handle.wrote = True     # its writes are not seen: count it as having written
+            self.st.upload_gate.writer_opened()
+
+    @staticmethod
+    def _file_ver(handle: Handle, rt: Runtime) -> int | None:
+        """The staging version a handle reads or writes (None: published chunks)."""
+        if handle.writable:
+            return handle.session.ver if handle.session is not None else None
+        if handle.snapshot[0] == "staging":
+            return handle.snapshot[1]
+        if handle.snapshot[0] == "live" and rt.session is not None:
+            return rt.session.ver
+        return None
+
+    def backing_fd(self, handle: Handle) -> int:
+        """A *borrowed* descriptor of a passthrough handle's staging file (the kernel
+        takes its own reference at once), or -1."""
+        rt = self.st.runtime.get(handle.ino)
+        if not handle.passthrough or rt is None or rt.passthrough_ver is None:
+            return -1
+        return self.st.staging.fd(handle.ino, rt.passthrough_ver)
+
+    def live_size(self, inode: Inode) -> Inode:
+        """``inode`` with the size and mtime of its staging file while passthrough handles
+        write it (the daemon sees no writes; the kernel's is the staging file's)."""
+        rt = self.st.runtime.get(inode.ino)
+        if rt is not None and rt.passthrough and rt.session is not None \
+                and rt.session.ver == rt.passthrough_ver:
+            try:
+                st = os.fstat(self.st.staging.fd(inode.ino, rt.session.ver))
+            except (OSError, FsError):
+                return inode
+            inode.size = st.st_size
+            inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
+        return inode
 
     async def _open(self, ino: int, flags: int, opener: Opener) -> Handle:
         inode = self.st.ns.get(ino)
@@ -94,6 +165,14 @@ class Opening:
         the newer ones bypass it (direct_io) so each reads its own version."""
         rt = self.st._rt(handle.ino)
         pages = self.page_versions
+        if handle.passthrough:
+            pages.pop(handle.ino, None)
+            return False, False
+        if rt.passthrough:
+            # The kernel serves passthrough opens of this inode: any other open must take
+            # no io mode (direct I/O), or the kernel would fail it (fs/fuse/iomode.c).
+            pages.pop(handle.ino, None)
+            return False, True
         if handle.writable or rt.session is not None or handle.snapshot[0] == "live":
             pages.pop(handle.ino, None)
             return False, False

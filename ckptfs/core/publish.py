@@ -92,6 +92,9 @@ class Publish:
             self._abandon(inode, f"it is incomplete ({reason})")
             await self.drop_stale_entries()
             raise FsError(errno.EIO, f"incomplete checkpoint file: {reason}")
+        if rt.passthrough:      # the kernel wrote it: the staging file has its mtime
+            inode.mtime_ns = max(inode.mtime_ns, os.fstat(
+                self.st.staging.fd(inode.ino, session.ver)).st_mtime_ns)
         self._commit(inode, rt, session, size)
         self.seals._hold_pointer(inode)
         if self.st.config.durability == "async":
@@ -367,6 +370,12 @@ class Publish:
             return
         rt = self.st._rt(handle.ino)
         rt.handles.discard(fh)
+        if handle.passthrough:
+            rt.passthrough -= 1
+            if not rt.passthrough:
+                rt.passthrough_ver = None
+            if handle.writable:         # its writer is no longer at work (decision 0015)
+                self.st.upload_gate.writer_closed()
         inode = self.st.ns.maybe_get(handle.ino)
         if handle.writable:
             rt.writers -= 1

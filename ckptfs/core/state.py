@@ -98,6 +98,7 @@ class Config:
     gc_settle: float = 600.0           # the store's (ckptfs.json), decision 0003
     readahead_kb: int = 1024           # kernel read-ahead of the mount's device
     writeback_cache: bool = False      # kernel write-back caching (experimental)
+    passthrough: str = "auto"          # kernel passthrough of new files' writes, or "off"
     rename_claim_ttl: float = 60.0     # a rename claim older than this was abandoned
     stale_wait: float = 2.0            # a slow listing is answered from local metadata
     # Formats whose structure is checked before a close publishes (formats.FORMATS).
@@ -162,6 +163,9 @@ class Handle:
     # What the kernel was told at open (core/write.py ``_cache_flags``).
     keep_cache: bool = False
     direct_io: bool = False
+    # The kernel writes this handle's bytes straight to its staging file (passthrough,
+    # core/opening.py ``decide_passthrough``): no write request reaches the daemon.
+    passthrough: bool = False
 
 
 @dataclass
@@ -175,6 +179,8 @@ class Runtime:
     session: Session | None = None
     trackers: dict[int, ChunkTracker] = field(default_factory=dict)   # closed ver -> chunks sent
     refs: dict[int, int] = field(default_factory=dict)        # staging ver -> users
+    passthrough: int = 0      # open handles the kernel serves from a staging file itself
+    passthrough_ver: int | None = None      # ... that staging file's version
 
 
 # Inodes whose page-cache version is remembered after their last close (core/write.py).
@@ -229,6 +235,9 @@ class CoreState:
         # An attribute, so core tests inject it.
         self.died_unclean: Callable[[Opener], bool] = died_unclean
         self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
+        # May an open hand the kernel its staging file (kernel passthrough)?  Set by the
+        # daemon from what the FUSE library and the kernel agreed at FUSE_INIT.
+        self.passthrough_available: Callable[[], bool] = lambda: False
         self.after_seal: Callable[[Inode], None] = lambda inode: None   # retention.py
         self.handles: dict[int, Handle] = {}
         self.runtime: dict[int, Runtime] = {}

@@ -75,6 +75,16 @@ class UploadGate:
             self._in_flight -= 1
             self._last = trio.current_time()
 
+    def writer_opened(self) -> None:
+        """A writer whose writes the daemon does not see (kernel passthrough) opened: it
+        is at work from its open to its close, as a request in flight is."""
+        self.wrote()
+        self._in_flight += 1
+
+    def writer_closed(self) -> None:
+        self._in_flight -= 1
+        self._last = trio.current_time()
+
     def held_for(self) -> float:
         """Seconds the writer has been active without a pause (0 if it is not)."""
         return trio.current_time() - self._since if self.active() else 0.0

@@ -67,11 +67,15 @@ class FuseOps(pyfuse3.Operations):
     supports_dot_lookup = True
 
     def __init__(self, fs: Filesystem, control_path: str, ttl: float,
-                 writeback_cache: bool = False, metrics=None) -> None:
+                 writeback_cache: bool = False, metrics=None,
+                 passthrough: bool = False) -> None:
         super().__init__()
         self.metrics = metrics          # metrics.Metrics, or None
         # Read by pyfuse3 at FUSE_INIT: let the kernel buffer writes in its page cache.
         self.enable_writeback_cache = writeback_cache
+        # Read by a pyfuse3 built with passthrough (tools/patches/) at FUSE_INIT: ask the
+        # kernel for it; a stock pyfuse3 ignores it (data path: daemon).
+        self.enable_passthrough = passthrough
         self.fs = fs
         # Kernel requests served, by operation (``status --json``: ``fuse_requests``).
         self.requests: collections.Counter[str] = collections.Counter()
@@ -165,14 +169,26 @@ class FuseOps(pyfuse3.Operations):
     @_errors
     async def open(self, inode, flags, ctx):
         handle = await self.fs.open(inode, flags, Opener.from_tid(ctx.pid))
-        return pyfuse3.FileInfo(fh=handle.fh, keep_cache=handle.keep_cache,
-                                direct_io=handle.direct_io)
+        return self._file_info(handle, pyfuse3.FileInfo(
+            fh=handle.fh, keep_cache=handle.keep_cache, direct_io=handle.direct_io))
+
+    def _file_info(self, handle, info: pyfuse3.FileInfo) -> pyfuse3.FileInfo:
+        if handle.passthrough:
+            # The kernel reads and writes the staging file itself from here on (the
+            # descriptor is used by pyfuse3 before anything else runs).
+            # (setattr: a stock pyfuse3's FileInfo has no such field; passthrough is
+            # never decided with one, fuse/datapath.py)
+            setattr(info, "backing_fd", self.fs.backing_fd(handle))
+            info.keep_cache = False     # the kernel refuses keep_cache with passthrough
+        return info
 
     @_errors
     async def create(self, parent_inode, name, mode, flags, ctx):
         handle, inode = await self.fs.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid,
                                              Opener.from_tid(ctx.pid))
-        return pyfuse3.FileInfo(fh=handle.fh), self._attrs(inode)
+        # direct_io: an open of a name whose inode passthrough handles write (opening.py)
+        info = pyfuse3.FileInfo(fh=handle.fh, direct_io=handle.direct_io)
+        return self._file_info(handle, info), self._attrs(inode)
 
     @_errors
     async def read(self, fh, off, size):

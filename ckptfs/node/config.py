@@ -109,6 +109,12 @@ def parse_allow_other(value) -> str:
             from None
 
 
+def parse_passthrough(value) -> str:
+    if value not in ("auto", "off"):
+        raise ConfigError(f"passthrough must be 'auto' or 'off', not {value!r}")
+    return value
+
+
 def parse_s3_client(value) -> str:
     if value not in ("direct", "boto3"):
         raise ConfigError(f"s3_client must be 'direct' or 'boto3', not {value!r}")
@@ -233,6 +239,11 @@ SETTINGS: tuple[Setting, ...] = (
             "creates the store; default 600)"),
     Setting("writeback_cache", bool, False, parse_bool,
             "let the kernel buffer writes (experimental)", "switch"),
+    # Kernel FUSE passthrough (README "The data path"): auto uses it where the kernel, the
+    # pyfuse3 build and CAP_SYS_ADMIN allow (and writeback_cache is off); off: never.
+    Setting("passthrough", str, "auto", parse_passthrough,
+            "kernel passthrough for new files' writes: auto (default) or off", "choice",
+            ("auto", "off")),
     Setting("checkpoint_formats", tuple[str, ...], ("torch", "safetensors", "npy", "pickle"),
             parse_checkpoint_formats,
             "formats whose structure is checked before a close publishes "
@@ -309,6 +320,7 @@ class Settings:
     gc_grace: float = _default("gc_grace")
     gc_settle: float = _default("gc_settle")
     writeback_cache: bool = _default("writeback_cache")
+    passthrough: str = _default("passthrough")
     checkpoint_formats: tuple[str, ...] = _default("checkpoint_formats")
     lease_ttl: float = _default("lease_ttl")
     stale_staged_after: float = _default("stale_staged_after")

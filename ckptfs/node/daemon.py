@@ -27,6 +27,7 @@ import trio
 from .control import ControlServer
 from ..errors import MountError
 from ..core import Config, Filesystem
+from ..fuse.datapath import DataPath, has_cap_sys_admin
 from ..fuse.ops import FuseOps
 from ..data.liveness import DEFAULT_SETTLE
 from ..meta.namespace import ROOT_INO, Namespace
@@ -277,6 +278,19 @@ def bind_metrics(address: str | None):
     return metrics
 
 
+def fuse_ops(config: Config, fs: Filesystem, control_path: str,
+             metrics) -> tuple[FuseOps, DataPath]:
+    """The FUSE adapter of a mount and its data path (kernel passthrough or the daemon,
+    fuse/datapath.py), the core told when an open may use passthrough."""
+    data_path = DataPath(pyfuse3, config.passthrough, config.writeback_cache,
+                         has_cap_sys_admin(), sync=config.durability == "sync")
+    fs.st.passthrough_available = data_path.available
+    ops = FuseOps(fs, control_path, config.metadata_ttl,
+                  writeback_cache=config.writeback_cache, metrics=metrics,
+                  passthrough=data_path.wanted)
+    return ops, data_path
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -284,8 +298,9 @@ class Daemon:
         self.stats = StoreStats()
         self.store_wrap = store_wrap
         self.fs: Filesystem | None = None
-        self.stale: StaleStagedWatch | None = None
         self.ops: FuseOps | None = None
+        self.data_path: DataPath | None = None
+        self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
         self.retention: Retention | None = None     # with the [[retention]] rules
         self._shutdown = trio.Event()
@@ -399,9 +414,8 @@ class Daemon:
                     check_complete=self._completeness_check())
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
-                ops = self.ops = FuseOps(fs, control_path, self.config.metadata_ttl,
-                                         writeback_cache=self.config.writeback_cache,
-                                         metrics=metrics)
+                ops, self.data_path = fuse_ops(self.config, fs, control_path, metrics)
+                self.ops = ops
                 options = set(pyfuse3.default_options)
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if self.allow_other:
@@ -545,6 +559,8 @@ class Daemon:
             log.warning("could not find %s in /proc/self/mountinfo: a forked child's close "
                         "cannot be told from its parent's", self.opts.mountpoint)
         log.info("mounted %s on %s", url, self.opts.mountpoint)
+        if self.data_path is not None:
+            self.data_path.say_once()
         on_ready()
         sd_notify("READY=1")
 
@@ -653,6 +669,7 @@ class Daemon:
                 "fuse_request_seconds": {op: round(s, 3) for op, s in
                                          self.ops.request_seconds.items()} if self.ops else {},
                 "node_id": fs.leases.node_id,
+                "data_path": self.data_path.describe() if self.data_path else None,
                 "pending_seals": fs.leases.pending_report(),
                 "held_leases": fs.leases.held_report(),
                 "lease_requests": vars(fs.leases.stats),

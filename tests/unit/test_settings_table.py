@@ -28,6 +28,7 @@ EXAMPLES = {
     "metrics_address": ("127.0.0.1:9464", "127.0.0.1:9464"),
     "s3_client": ("boto3", "boto3"), "upload_hold": ("2.5", 2.5),
     "allow_other": ("off", "off"),
+    "passthrough": ("off", "off"),
 }
 
 

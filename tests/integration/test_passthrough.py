@@ -1,0 +1,120 @@
+"""Issue 23: kernel FUSE passthrough.  An async mount writes new files through the kernel
+straight to their staging files (no write request reaches the daemon), and every promise
+holds as on the daemon's path: the bytes read back here and on a fresh node, st_size is
+right while the writer writes, mmap writes land, a killed writer publishes nothing, a
+reader of the old version keeps it while a new one is written, and a mount that cannot or
+must not use passthrough says ``data path: daemon`` with the reason.  Needs the pyfuse3
+that tools/setup.sh builds (tools/build_passthrough.sh)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import subprocess
+import sys
+
+from support.mounts import eventually, run_ckptfs
+
+MiB = 1 << 20
+
+WRITER = r"""
+import sys
+f = open(sys.argv[1], "wb")
+f.write(b"t" * (1 << 20))
+f.flush()
+print("half", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _kernel_path(mount) -> dict:
+    doc = mount.status()
+    assert doc["data_path"] == {"path": "kernel passthrough", "reason": None}, \
+        f"{doc['data_path']} (run tools/setup.sh: it builds pyfuse3 with passthrough)"
+    return doc
+
+
+def test_a_save_goes_through_the_kernel_and_reads_back_everywhere(store, make_mount):
+    node = make_mount(store, durability="async")
+    _kernel_path(node)
+    data = os.urandom(3 * MiB + 123)
+    path = node.path / "model.pt"
+    with open(path, "wb") as f:
+        f.write(data[:2 * MiB])
+        f.flush()
+        assert os.fstat(f.fileno()).st_size == 2 * MiB
+        assert os.stat(path).st_size == 2 * MiB
+        f.write(data[2 * MiB:])
+    assert os.stat(path).st_size == len(data)
+    requests = node.status()["fuse_requests"]
+    assert "write" not in requests and requests["create"] == 1, requests
+    assert path.read_bytes() == data
+    run_ckptfs("wait", str(node.path), check=True)
+    other = make_mount(store, name="fresh")
+    assert (other.path / "model.pt").read_bytes() == data
+
+
+def test_mmap_writes_and_a_killed_writer(local_store, make_mount):
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path = node.path / "mapped.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, MiB)
+        with mmap.mmap(fd, MiB) as m:
+            m[:] = b"m" * MiB
+            m.flush()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"m" * MiB
+    # A writer killed mid-save: its new name goes, nothing is published.
+    torn = node.path / "torn.pt"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(torn)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "half"
+    assert os.stat(torn).st_size == MiB
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    eventually(lambda: not torn.exists())
+    assert "write" not in node.status()["fuse_requests"]
+
+
+def test_a_reader_of_the_old_version_and_a_writer_of_the_new(local_store, make_mount):
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path = node.path / "model.pt"
+    path.write_bytes(b"a" * MiB)
+    with open(path, "rb") as reader:
+        assert reader.read(4096) == b"a" * 4096
+        # The reader's cached open keeps the inode: this writer goes through the daemon.
+        with open(path, "wb") as writer:
+            writer.write(b"b" * (MiB // 2))
+        assert reader.read() == b"a" * (MiB - 4096)
+    assert node.status()["fuse_requests"].get("write", 0) > 0
+    assert path.read_bytes() == b"b" * (MiB // 2)
+    # A writer alone gets passthrough; a reader opening beside it reads its bytes.
+    before = node.status()["fuse_requests"].get("write", 0)
+    with open(path, "wb") as writer:
+        writer.write(b"c" * MiB)
+        writer.flush()
+        with open(path, "rb") as reader:
+            assert reader.read() == b"c" * MiB
+    assert node.status()["fuse_requests"].get("write", 0) == before
+    assert path.read_bytes() == b"c" * MiB
+
+
+def test_a_mount_without_passthrough_says_why(local_store, make_mount):
+    node = make_mount(local_store, durability="async", extra=("--passthrough", "off"))
+    doc = node.status()
+    assert doc["data_path"] == {"path": "daemon", "reason": "passthrough = off"}
+    (node.path / "a.bin").write_bytes(b"x" * MiB)
+    assert node.status()["fuse_requests"]["write"] > 0
+    text = run_ckptfs("status", str(node.path), check=True).stdout
+    assert "data path   daemon (passthrough = off)" in text
+    sync = make_mount(local_store, name="sync")
+    assert sync.status()["data_path"]["reason"].startswith("sync mode")
+    with open(sync.path / "b.bin", "wb") as f:
+        f.write(b"y" * MiB)
+        os.fsync(f.fileno())
+    assert sync.status()["fuse_requests"]["write"] > 0
