@@ -238,7 +238,10 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
                         endpoint_url=settings.endpoint_url,
                         single_writer=settings.single_writer, config=config,
                         metrics_address=settings.metrics_address,
-                        retention=settings.retention, s3_client=settings.s3_client)
+                        retention=settings.retention, s3_client=settings.s3_client,
+                        peer_listen=settings.peer_listen,
+                        peer_advertise=settings.peer_advertise,
+                        peer_timeout=settings.peer_timeout)
     ready_fd = args.ready_fd
     mounted = False
 

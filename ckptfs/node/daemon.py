@@ -42,6 +42,7 @@ from ..store import (CountingStore, ObjectStore, PreconditionFailed, RetryingSto
                     StoreError, StoreStats, open_store, store_policy)
 
 if TYPE_CHECKING:
+    from ..cluster.peers import Peers
     from ..cluster.retention import Retention
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ class MountOptions:
     metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
     retention: tuple = ()                   # retention.Rule per [[retention]] table
     s3_client: str = "direct"               # config.SETTINGS "s3_client"
+    peer_listen: str | None = None          # HOST:PORT of the peer server (cluster/peers.py)
+    peer_advertise: str | None = None       # HOST:PORT others reach it at
+    peer_timeout: float = 10.0              # seconds a chunk from a peer may take
 
 
 SOCKET_DIR = Path("/run/ckptfs")
@@ -286,6 +290,7 @@ class Daemon:
         self.fs: Filesystem | None = None
         self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
+        self.peers: Peers | None = None  # cluster.peers.Peers with --peer-listen
         self.retention: Retention | None = None     # with the [[retention]] rules
         self._shutdown = trio.Event()
         self._terminated = False
@@ -392,6 +397,7 @@ class Daemon:
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
+                peer_listeners = await self._bind_peers(store, cache, fs)
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
@@ -414,6 +420,8 @@ class Daemon:
                     await nursery.start(fs.leases.run)
                     nursery.start_soon(self.stale.run)
                     await nursery.start(ControlServer(self, control_path).serve)
+                    if self.peers is not None:
+                        nursery.start_soon(self.peers.run, peer_listeners)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
                     nursery.start_soon(self._ready_after_init, fs, on_ready, store.url)
@@ -453,8 +461,27 @@ class Daemon:
             # and all of them together too.
             with trio.move_on_after(self.config.store_timeout):
                 await fs.leases.shutdown()
+        if self.peers is not None:
+            with trio.move_on_after(min(5.0, self.config.store_timeout)):
+                await self.peers.leave()
         # Calls still in flight (a store that hangs) are given up, not waited for.
         store.close()
+
+    async def _bind_peers(self, store, cache: ChunkCache, fs: Filesystem) -> list:
+        """With ``--peer-listen``: the peer server's listeners, bound now (a mount that
+        cannot listen there fails with one line); its loop starts with the others."""
+        opts = self.opts
+        if not opts.peer_listen:
+            return []
+        from ..cluster.peers import Peers
+        self.peers = Peers(store, cache, fs.leases.node_id, opts.peer_listen,
+                           opts.peer_advertise, self.config.lease_ttl, opts.peer_timeout)
+        try:
+            return await self.peers.bind()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise MountError(f"peer address {opts.peer_listen}: cannot listen there: "
+                             f"{reason}") from None
 
     def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
         if not self.opts.retention:
@@ -509,7 +536,10 @@ class Daemon:
                             cache={"hits": cache.hits, "misses": cache.misses,
                                    "evictions": cache.evictions,
                                    "corrupt_events": cache.corrupt_events,
-                                   "total": cache.total, "limit": cache.limit},
+                                   "total": cache.total, "limit": cache.limit,
+                                   "from_store": cache.bytes_from_store,
+                                   "from_peers": cache.bytes_from_source},
+                            peers=self.peers.report() if self.peers else None,
                             pending_uploads=pending["pending_uploads"],
                             pending_bytes=pending["pending_bytes"],
                             open_handles=len(fs.handles))
@@ -652,6 +682,8 @@ class Daemon:
                 "oldest_pending_s": self._oldest_pending(fs),
                 "cache_limit": fs.cache.limit,
                 "metrics_address": self.metrics.address if self.metrics else None,
+                "bytes_from_store": fs.cache.bytes_from_store,
+                "peers": self.peers.report() if self.peers else None,
                 "retention_removed": list(self.retention.removed) if self.retention else []}
 
     @staticmethod

@@ -27,6 +27,8 @@ EXAMPLES = {
     "stop_timeout": ("0", 0.0), "max_staged": ("16M", 16 << 20),
     "metrics_address": ("127.0.0.1:9464", "127.0.0.1:9464"),
     "s3_client": ("boto3", "boto3"), "upload_hold": ("2.5", 2.5),
+    "peer_listen": ("10.0.0.5:7601", "10.0.0.5:7601"),
+    "peer_advertise": ("node5:7601", "node5:7601"), "peer_timeout": ("3", 3.0),
 }
 
 
