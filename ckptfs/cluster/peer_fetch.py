@@ -61,7 +61,8 @@ class PeerSource:
         try:
             with trio.fail_after(self.timeout):
                 answered = await self._get(peer, sha, length, buf)
-        except (trio.TooSlowError, OSError, WireError, ValueError) as exc:
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+                OSError, WireError, ValueError) as exc:
             why = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
             self.stats.errors += 1
             self._rest(peer, f"failed to serve chunk {sha[:12]} ({why})")
