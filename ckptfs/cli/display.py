@@ -79,6 +79,18 @@ def status_text(doc: dict) -> str:
                     if fs.get("corrupt_chunks") else "")
                  + (f", {fs['rotten_cache_chunks']} rotten cache file(s) refetched"
                     if fs.get("rotten_cache_chunks") else ""))
+    peers = doc.get("peers")
+    if peers:
+        fetch, serve = peers.get("fetch", {}), peers.get("serve", {})
+        row("peers", f"{peers.get('alive', 0)} alive (serving on {peers.get('listen')}); "
+                     f"chunks from peers {human_bytes(peers.get('bytes_from_peers', 0))}, "
+                     f"from the store {human_bytes(peers.get('bytes_from_store', 0))}; "
+                     f"{fetch.get('errors', 0)} peer error(s), "
+                     f"{fetch.get('wrong', 0)} wrong chunk(s); served "
+                     f"{human_bytes(serve.get('bytes', 0))}, refused "
+                     f"{serve.get('refused', 0)}"
+            + (f"; membership failing: {peers['last_error']}"
+               if peers.get("last_error") else ""))
     kinds = store.get("error_kinds") or {}
     errors = store.get("errors", 0)
     detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()) if n)

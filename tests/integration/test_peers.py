@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from ckptfs.cluster import peer_auth
 from ckptfs.cluster.peer_members import peer_key
 from ckptfs.store import open_store
-from support.mounts import eventually
+from support.mounts import eventually, run_ckptfs
 
 MiB = 1 << 20
 CHUNK = "256K"
@@ -35,21 +36,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def peer_mount(make_mount, spec, name):
+def peer_mount(make_mount, spec, name, *extra):
     port = free_port()
-    m = make_mount(spec, name=name, extra=(*PEER_OPTS, "--peer-listen", f"127.0.0.1:{port}"))
+    m = make_mount(spec, name=name, extra=(*PEER_OPTS, "--peer-listen", f"127.0.0.1:{port}",
+                                           *extra))
     m.peer_port = port
     return m
 
 
-def peer_mounts(make_mount, spec, prefix, n):
+def peer_mounts(make_mount, spec, prefix, n, *extra):
     """``n`` peer mounts started at once (each mount command is a Python start-up)."""
     mounts: list = [None] * n
     errors: list = []
 
     def start(i):
         try:
-            mounts[i] = peer_mount(make_mount, spec, f"{prefix}{i}")
+            mounts[i] = peer_mount(make_mount, spec, f"{prefix}{i}", *extra)
         except Exception as exc:        # re-raised below, on the test's thread
             errors.append(exc)
     threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
@@ -109,12 +111,17 @@ def read_all(mounts, rel, results, started=None):
 def test_four_fresh_nodes_restore_one_checkpoint_for_about_one_store_copy(
         s3_store, store_proxy, make_mount):
     rel, data = write_checkpoint(make_mount, s3_store)
-    nodes = peer_mounts(make_mount, store_proxy, "n", 4)
+    nodes = peer_mounts(make_mount, store_proxy, "n", 4, "--metrics-address", "127.0.0.1:0")
     wait_peers(nodes, 3)
     proxy = store_proxy.proxy
     proxy.count_reset()
     results: dict = {}
-    for t in read_all(nodes, rel, results):
+    # Three nodes read the file; the fourth prefetches it (the same fetch path).
+    threads = read_all(nodes[:3], rel, results)
+    run_ckptfs("prefetch", str(nodes[3].path / rel), check=True)
+    for t in threads:
+        t.join(120)
+    for t in read_all(nodes[3:], rel, results):
         t.join(120)
     served = proxy.bytes_down
     want = hashlib.sha256(data).hexdigest()
@@ -124,6 +131,15 @@ def test_four_fresh_nodes_restore_one_checkpoint_for_about_one_store_copy(
     assert sum(p["bytes_from_peers"] for p in peers) >= 2 * len(data)
     assert sum(p["bytes_from_store"] for p in peers) <= 1.15 * len(data)
     assert all(p["fetch"]["wrong"] == 0 and p["fetch"]["errors"] == 0 for p in peers)
+    assert peers[3]["bytes_from_peers"] > 0              # prefetch asked the peers too
+    url = f"http://{nodes[0].status()['metrics_address']}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        text = reply.read().decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                  if line and not line.startswith("#"))
+    assert float(values["ckptfs_chunk_bytes_from_peers_total"]) == \
+        peers[0]["bytes_from_peers"]
+    assert float(values["ckptfs_peers_alive"]) == 3
 
 
 def test_a_node_killed_mid_restore_leaves_the_others_right_and_done(
