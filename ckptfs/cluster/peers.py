@@ -94,10 +94,11 @@ class Peers:
         if doomed:
             await trio.to_thread.run_sync(self.members.forget, doomed)
 
-    async def leave(self) -> None:
-        """Remove this node's key (at unmount; bounded by the caller)."""
+    async def leave(self, timeout: float) -> None:
+        """Remove this node's key (at unmount), for at most ``timeout`` seconds."""
         try:
-            await trio.to_thread.run_sync(self.members.leave)
+            with trio.move_on_after(timeout):
+                await trio.to_thread.run_sync(self.members.leave, abandon_on_cancel=True)
         except StoreError as exc:
             log.info("peers: could not remove %s (%s); it dies by its ttl",
                      self.members.key, exc)

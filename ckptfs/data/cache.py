@@ -454,6 +454,13 @@ class ChunkCache:
                   got - started, time.monotonic() - got, len(self._inflight))
         return buf
 
+    def counters(self) -> dict[str, int]:
+        """What metrics.py reads at each scrape."""
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "corrupt_events": self.corrupt_events, "total": self.total,
+                "limit": self.limit, "from_store": self.bytes_from_store,
+                "from_peers": self.bytes_from_source}
+
     def _evict(self) -> None:
         if self.total <= self.limit:
             return

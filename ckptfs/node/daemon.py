@@ -65,6 +65,22 @@ class MountOptions:
     peer_timeout: float = 10.0              # seconds a chunk from a peer may take
 
 
+async def bind_peers(opts: MountOptions, ttl: float, store: ObjectStore, cache: ChunkCache,
+                     node_id: str) -> tuple[Peers | None, list]:
+    """With ``--peer-listen``: the peers and their server's listeners, bound now (a mount
+    that cannot listen there fails with one line); its loop starts with the others."""
+    if not opts.peer_listen:
+        return None, []
+    from ..cluster.peers import Peers
+    peers = Peers(store, cache, node_id, opts.peer_listen, opts.peer_advertise, ttl,
+                  opts.peer_timeout)
+    try:
+        return peers, await peers.bind()
+    except OSError as exc:
+        raise MountError(f"peer address {opts.peer_listen}: cannot listen there: "
+                         f"{exc.strerror or exc}") from None
+
+
 SOCKET_DIR = Path("/run/ckptfs")
 
 
@@ -397,7 +413,8 @@ class Daemon:
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
-                peer_listeners = await self._bind_peers(store, cache, fs)
+                self.peers, peer_listeners = await bind_peers(
+                    self.opts, self.config.lease_ttl, store, cache, fs.leases.node_id)
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
                 ops = FuseOps(fs, control_path, self.config.metadata_ttl,
@@ -462,26 +479,9 @@ class Daemon:
             with trio.move_on_after(self.config.store_timeout):
                 await fs.leases.shutdown()
         if self.peers is not None:
-            with trio.move_on_after(min(5.0, self.config.store_timeout)):
-                await self.peers.leave()
+            await self.peers.leave(min(5.0, self.config.store_timeout))
         # Calls still in flight (a store that hangs) are given up, not waited for.
         store.close()
-
-    async def _bind_peers(self, store, cache: ChunkCache, fs: Filesystem) -> list:
-        """With ``--peer-listen``: the peer server's listeners, bound now (a mount that
-        cannot listen there fails with one line); its loop starts with the others."""
-        opts = self.opts
-        if not opts.peer_listen:
-            return []
-        from ..cluster.peers import Peers
-        self.peers = Peers(store, cache, fs.leases.node_id, opts.peer_listen,
-                           opts.peer_advertise, self.config.lease_ttl, opts.peer_timeout)
-        try:
-            return await self.peers.bind()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise MountError(f"peer address {opts.peer_listen}: cannot listen there: "
-                             f"{reason}") from None
 
     def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
         if not self.opts.retention:
@@ -533,12 +533,7 @@ class Daemon:
             pending = self.pending()
             cache = fs.cache
             return Snapshot(upload=dict(vars(fs.uploader.stats)), store=self.stats.snapshot(),
-                            cache={"hits": cache.hits, "misses": cache.misses,
-                                   "evictions": cache.evictions,
-                                   "corrupt_events": cache.corrupt_events,
-                                   "total": cache.total, "limit": cache.limit,
-                                   "from_store": cache.bytes_from_store,
-                                   "from_peers": cache.bytes_from_source},
+                            cache=cache.counters(),
                             peers=self.peers.report() if self.peers else None,
                             pending_uploads=pending["pending_uploads"],
                             pending_bytes=pending["pending_bytes"],
