@@ -139,6 +139,9 @@ class ChunkCache:
         # Where chunks come from before the store (None: the store only), and the bytes
         # each way brought (status and metrics read them).
         self.source: ChunkSource | None = None
+        # Fetches from the source have slots of their own: a node waiting for a peer
+        # must never hold the slot that peer's request to it needs for the store.
+        self.source_limiter = trio.CapacityLimiter(fetch_limiter.total_tokens)
         self.bytes_from_source = 0
         self.bytes_from_store = 0
         root.mkdir(parents=True, exist_ok=True)
@@ -409,7 +412,7 @@ class ChunkCache:
     async def _from_source(self, source: ChunkSource, sha: str, length: int,
                            path: Path) -> mmap.mmap | None:
         """The chunk from ``source``, checked and written to its cache file, or None."""
-        async with self.limiter:
+        async with self.source_limiter:
             buf = self.buffers.take(length)
             try:
                 good = await source.fetch(sha, length, buf,
