@@ -216,6 +216,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return fail(f"daemon exited with status {proc.returncode} before mounting; see {log_file}")
 
 
+# The settings MountOptions takes as they are (the core's go in through Config).
+DAEMON_SETTINGS = ("endpoint_url", "single_writer", "metrics_address", "retention",
+                   "s3_client", "peer_listen", "peer_advertise", "peer_timeout",
+                   "allow_other")
+
+
 def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_dir: Path) -> int:
     import dataclasses
 
@@ -241,10 +247,7 @@ def run_foreground(args: argparse.Namespace, settings, mountpoint: Path, state_d
         plan = FaultPlan.from_json(os.environ["CKPTFS_FAULTS"])
         wrap = lambda store: FaultInjectingStore(store, plan)  # noqa: E731
     opts = MountOptions(mountpoint=mountpoint, store_url=settings.store, state_dir=state_dir,
-                        endpoint_url=settings.endpoint_url, config=config,
-                        single_writer=settings.single_writer, s3_client=settings.s3_client,
-                        metrics_address=settings.metrics_address, retention=settings.retention,
-                        allow_other=settings.allow_other)
+                        config=config, **{k: getattr(settings, k) for k in DAEMON_SETTINGS})
     ready_fd = args.ready_fd
     mounted = False
 

@@ -43,6 +43,19 @@ def pending_text(doc: dict, fs: dict) -> str:
     return text
 
 
+def peers_text(peers: dict) -> str:
+    """The status row of a node serving peers (cluster/peers.py ``report``)."""
+    fetch, serve = peers.get("fetch", {}), peers.get("serve", {})
+    return (f"{peers.get('alive', 0)} alive (serving on {peers.get('listen')}); "
+            f"chunks from peers {human_bytes(peers.get('bytes_from_peers', 0))}, "
+            f"from the store {human_bytes(peers.get('bytes_from_store', 0))}; "
+            f"{fetch.get('errors', 0)} peer error(s), {fetch.get('wrong', 0)} wrong "
+            f"chunk(s); served {human_bytes(serve.get('bytes', 0))}, refused "
+            f"{serve.get('refused', 0)}"
+            + (f"; membership failing: {peers['last_error']}"
+               if peers.get("last_error") else ""))
+
+
 def status_text(doc: dict) -> str:
     """A short summary of a ``status`` reply: what an operator looks at first."""
     fs, store = doc.get("fs", {}), doc.get("store_stats", {})
@@ -83,6 +96,8 @@ def status_text(doc: dict) -> str:
                     if fs.get("corrupt_chunks") else "")
                  + (f", {fs['rotten_cache_chunks']} rotten cache file(s) refetched"
                     if fs.get("rotten_cache_chunks") else ""))
+    if doc.get("peers"):
+        row("peers", peers_text(doc["peers"]))
     kinds = store.get("error_kinds") or {}
     errors = store.get("errors", 0)
     detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()) if n)

@@ -19,7 +19,11 @@ then serves the reads like a fresh fetch; the fetch checked what came over the w
 what landed on disk).  A copy into a new version (``copy_out``) checks the bytes it
 copies every time.  A mismatch logs one WARNING naming the chunk, removes the cache file
 and fetches the chunk again; if that fails, ``EIO`` (never the bad bytes).
-Knows nothing of FUSE, of staging files, or of inodes' meaning.
+A chunk may come from somewhere nearer than the store: ``source`` (a ``ChunkSource``,
+e.g. the cluster's peers; None: the store only) is asked first and its bytes pass the
+same check as the store's before anyone sees them; when it has nothing good, the store.
+
+Knows nothing of FUSE, of staging files, of peers, or of inodes' meaning.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -92,6 +97,16 @@ def chunk_ok(data, sha: str) -> bool:
     return hashlib.sha256(data).hexdigest() == sha
 
 
+class ChunkSource(Protocol):
+    """Somewhere else a chunk may come from before the store (the cache's one seam for
+    it).  ``fetch`` fills ``buf`` with chunk ``sha`` (``length`` bytes) and returns True
+    only if ``check`` (the cache's verification of those bytes) passed; False sends the
+    cache to the store.  It must bound its own time and never raise for a bad source."""
+
+    async def fetch(self, sha: str, length: int, buf: mmap.mmap,
+                    check: Callable[[memoryview], bool]) -> bool: ...
+
+
 class ChunkCache:
     """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
 
@@ -127,6 +142,14 @@ class ChunkCache:
         self.served_from_memory = 0
         # Chunks are received into reused buffers (buffers.py), shared with the uploader.
         self.buffers = buffers or BufferPool(8 << 20, keep=int(fetch_limiter.total_tokens))
+        # Where chunks come from before the store (None: the store only), and the bytes
+        # each way brought (status and metrics read them).
+        self.source: ChunkSource | None = None
+        # Fetches from the source have slots of their own: a node waiting for a peer
+        # must never hold the slot that peer's request to it needs for the store.
+        self.source_limiter = trio.CapacityLimiter(fetch_limiter.total_tokens)
+        self.bytes_from_source = 0
+        self.bytes_from_store = 0
         root.mkdir(parents=True, exist_ok=True)
         for path in root.glob("*/*"):
             if path.name.startswith("."):
@@ -237,10 +260,11 @@ class ChunkCache:
         else:
             self._pinned[sha] = n
 
-    async def ensure(self, sha: str, length: int) -> Path:
+    async def ensure(self, sha: str, length: int, use_source: bool = True) -> Path:
         """Return the path of a verified local copy of chunk ``sha``, fetching it once.
         A cache file this daemon has not checked yet is read back and checked first
-        (and fetched again if it rotted)."""
+        (and fetched again if it rotted).  ``use_source=False``: a fetch this call
+        starts goes to the store only (a peer serving another peer)."""
         while True:
             if self.ready(sha):
                 self._lru.move_to_end(sha)
@@ -262,7 +286,7 @@ class ChunkCache:
                     self.hits += 1
                     return self.path(sha)
             self.misses += 1
-            path, buf = await self._fetch(sha, length)
+            path, buf = await self._fetch(sha, length, use_source)
             self._lru[sha] = length
             self.total += length
             self._keep_hot(sha, buf, length)
@@ -366,8 +390,13 @@ class ChunkCache:
         path.unlink(missing_ok=True)
         return "rotten"
 
-    async def _fetch(self, sha: str, length: int) -> tuple[Path, mmap.mmap]:
+    async def _fetch(self, sha: str, length: int,
+                     use_source: bool = True) -> tuple[Path, mmap.mmap]:
         path = self.path(sha)
+        if use_source and self.source is not None:
+            got = await self._from_source(self.source, sha, length, path)
+            if got is not None:
+                return path, got
         attempt = 0
         while True:
             attempt += 1
@@ -377,6 +406,7 @@ class ChunkCache:
                 except StoreError as exc:
                     raise FsError(errno.EIO, f"chunk {sha[:12]}: {exc}") from None
             if buf is not None:
+                self.bytes_from_store += length
                 return path, buf
             self.corrupt_events += 1
             log.error("chunk %s from the store failed verification (attempt %d/%s)",
@@ -384,6 +414,35 @@ class ChunkCache:
             if self.verify.gives_up(attempt):
                 raise FsError(errno.EIO, f"chunk {sha} is corrupt in the store")
             await trio.sleep(self.verify.delay(attempt))
+
+    async def _from_source(self, source: ChunkSource, sha: str, length: int,
+                           path: Path) -> mmap.mmap | None:
+        """The chunk from ``source``, checked and written to its cache file, or None."""
+        async with self.source_limiter:
+            buf = self.buffers.take(length)
+            try:
+                good = await source.fetch(sha, length, buf,
+                                          lambda view: chunk_ok(view, sha))
+                if good:
+                    await trio.to_thread.run_sync(self._write_file, path, sha, buf, length)
+            except BaseException:
+                self.buffers.give(buf)
+                raise
+        if not good:
+            self.buffers.give(buf)
+            return None
+        self.bytes_from_source += length
+        return buf
+
+    def _write_file(self, path: Path, sha: str, buf: mmap.mmap, length: int) -> None:
+        """Write the checked chunk in ``buf`` as its cache file (atomically)."""
+        with memoryview(buf) as whole, whole[:length] as view:
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
+            if not write_file_direct(tmp, view):
+                with open(tmp, "wb") as f:
+                    f.write(view)
+            os.replace(tmp, path)
 
     def _fetch_sync(self, sha: str, length: int, path: Path) -> mmap.mmap | None:
         """GET, verify and store one chunk: the pool buffer holding it verified, or None
@@ -395,19 +454,21 @@ class ChunkCache:
         got = time.monotonic()
         with memoryview(buf) as whole, whole[:length] as view:
             good = received == length and chunk_ok(view, sha)
-            if good:
-                path.parent.mkdir(exist_ok=True)
-                tmp = path.parent / f".{sha}.{os.getpid()}.tmp"
-                if not write_file_direct(tmp, view):
-                    with open(tmp, "wb") as f:
-                        f.write(view)
-                os.replace(tmp, path)
+        if good:
+            self._write_file(path, sha, buf, length)
         if not good:
             self.buffers.give(buf)
             return None
         log.debug("fetched chunk %s: GET %.3fs, verify+store %.3fs, %d in flight", sha[:12],
                   got - started, time.monotonic() - got, len(self._inflight))
         return buf
+
+    def counters(self) -> dict[str, int]:
+        """What metrics.py reads at each scrape."""
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "corrupt_events": self.corrupt_events, "total": self.total,
+                "limit": self.limit, "from_store": self.bytes_from_store,
+                "from_peers": self.bytes_from_source}
 
     def _evict(self) -> None:
         if self.total <= self.limit:

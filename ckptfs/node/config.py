@@ -171,6 +171,17 @@ def parse_metrics_address(value) -> str:
     return str(value)
 
 
+def parse_peer_address(value) -> str:
+    from .metrics import parse_address
+    try:
+        host, port = parse_address(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (give HOST:PORT, e.g. 10.0.0.5:7601)") from None
+    if port == 0:
+        raise ConfigError(f"give a port other nodes can reach, not 0: {value!r}")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One mount setting: every place it can be given comes from this row.  The TOML key
@@ -288,6 +299,16 @@ SETTINGS: tuple[Setting, ...] = (
     # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
     Setting("metrics_address", str | None, None, parse_metrics_address,
             "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),
+    # Nodes of one store serve each other chunks (cluster/peers.py); unset: no peers.
+    Setting("peer_listen", str | None, None, parse_peer_address,
+            "serve cached chunks to the other nodes of this store on HOST:PORT and fetch "
+            "from them first (default: off)"),
+    Setting("peer_advertise", str | None, None, parse_peer_address,
+            "the HOST:PORT other nodes reach this node's peer server at (default: "
+            "--peer-listen)"),
+    Setting("peer_timeout", float, 10.0, _seconds(0.1, 3600.0),
+            "seconds a chunk from a peer may take before the store is asked instead "
+            "(default 10)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # Read from the environment by others, not settings (tests' fault injection).
@@ -331,6 +352,9 @@ class Settings:
     s3_client: str = _default("s3_client")
     allow_other: str = _default("allow_other")
     metrics_address: str | None = _default("metrics_address")
+    peer_listen: str | None = _default("peer_listen")
+    peer_advertise: str | None = _default("peer_advertise")
+    peer_timeout: float = _default("peer_timeout")
     profiles: Profiles = field(default_factory=Profiles)
     retention: tuple[Rule, ...] = ()        # one per [[retention]]
 

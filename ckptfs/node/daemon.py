@@ -43,6 +43,7 @@ from ..store import (CountingStore, ObjectStore, PreconditionFailed, RetryingSto
                     StoreError, StoreStats, open_store, store_policy)
 
 if TYPE_CHECKING:
+    from ..cluster.peers import Peers
     from ..cluster.retention import Retention
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,25 @@ class MountOptions:
     metrics_address: str | None = None      # HOST:PORT of /metrics (metrics.py)
     retention: tuple = ()                   # retention.Rule per [[retention]] table
     s3_client: str = "direct"               # config.SETTINGS "s3_client"
+    peer_listen: str | None = None          # HOST:PORT of the peer server (cluster/peers.py)
+    peer_advertise: str | None = None       # HOST:PORT others reach it at
+    peer_timeout: float = 10.0              # seconds a chunk from a peer may take
+
+
+async def bind_peers(opts: MountOptions, ttl: float, store: ObjectStore, cache: ChunkCache,
+                     node_id: str) -> tuple[Peers | None, list]:
+    """With ``--peer-listen``: the peers and their server's listeners, bound now (a mount
+    that cannot listen there fails with one line); its loop starts with the others."""
+    if not opts.peer_listen:
+        return None, []
+    from ..cluster.peers import Peers
+    peers = Peers(store, cache, node_id, opts.peer_listen, opts.peer_advertise, ttl,
+                  opts.peer_timeout)
+    try:
+        return peers, await peers.bind()
+    except OSError as exc:
+        raise MountError(f"peer address {opts.peer_listen}: cannot listen there: "
+                         f"{exc.strerror or exc}") from None
 
 
 SOCKET_DIR = Path("/run/ckptfs")
@@ -302,6 +322,7 @@ class Daemon:
         self.data_path: DataPath | None = None
         self.stale: StaleStagedWatch | None = None
         self.metrics = None             # metrics.Metrics with --metrics-address
+        self.peers: Peers | None = None  # cluster.peers.Peers with --peer-listen
         self.retention: Retention | None = None     # with the [[retention]] rules
         self._shutdown = trio.Event()
         self._terminated = False
@@ -412,6 +433,8 @@ class Daemon:
                     invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
+                self.peers, peer_listeners = await bind_peers(
+                    self.opts, self.config.lease_ttl, store, cache, fs.leases.node_id)
                 metrics = self._start_metrics(fs, staging)
                 self._start_retention(fs, nursery)
                 ops, self.data_path = fuse_ops(self.config, fs, control_path, metrics)
@@ -434,6 +457,8 @@ class Daemon:
                     await nursery.start(fs.leases.run)
                     nursery.start_soon(self.stale.run)
                     await nursery.start(ControlServer(self, control_path).serve)
+                    if self.peers is not None:
+                        nursery.start_soon(self.peers.run, peer_listeners)
                     nursery.start_soon(self._signals)
                     nursery.start_soon(self._shutdown_when_asked)
                     nursery.start_soon(self._ready_after_init, fs, on_ready, store.url)
@@ -473,6 +498,8 @@ class Daemon:
             # and all of them together too.
             with trio.move_on_after(self.config.store_timeout):
                 await fs.leases.shutdown()
+        if self.peers is not None:
+            await self.peers.leave(min(5.0, self.config.store_timeout))
         # Calls still in flight (a store that hangs) are given up, not waited for.
         store.close()
 
@@ -526,10 +553,8 @@ class Daemon:
             pending = self.pending()
             cache = fs.cache
             return Snapshot(upload=dict(vars(fs.uploader.stats)), store=self.stats.snapshot(),
-                            cache={"hits": cache.hits, "misses": cache.misses,
-                                   "evictions": cache.evictions,
-                                   "corrupt_events": cache.corrupt_events,
-                                   "total": cache.total, "limit": cache.limit},
+                            cache=cache.counters(),
+                            peers=self.peers.report() if self.peers else None,
                             pending_uploads=pending["pending_uploads"],
                             pending_bytes=pending["pending_bytes"],
                             open_handles=len(fs.handles))
@@ -679,6 +704,8 @@ class Daemon:
                 "oldest_pending_s": self._oldest_pending(fs),
                 "cache_limit": fs.cache.limit,
                 "metrics_address": self.metrics.address if self.metrics else None,
+                "bytes_from_store": fs.cache.bytes_from_store,
+                "peers": self.peers.report() if self.peers else None,
                 "retention_removed": list(self.retention.removed) if self.retention else []}
 
     @staticmethod

@@ -43,6 +43,7 @@ class Snapshot:
     pending_uploads: int
     pending_bytes: int
     open_handles: int
+    peers: dict | None = None   # cluster.peers.Peers.report() with --peer-listen
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -171,3 +172,27 @@ class _Collector:
         yield gauge("ckptfs_pending_upload_bytes", "Staged bytes of closed files not yet "
                     "in the store", snap.pending_bytes)
         yield gauge("ckptfs_open_handles", "Open file handles", snap.open_handles)
+        yield counter("ckptfs_chunk_bytes_from_store", "Chunk bytes the cache fetched from "
+                      "the store", cache.get("from_store", 0))
+        yield counter("ckptfs_chunk_bytes_from_peers", "Chunk bytes the cache got from "
+                      "other nodes (checked)", cache.get("from_peers", 0))
+        if snap.peers is not None:
+            yield from _peer_metrics(snap.peers)
+
+
+
+def _peer_metrics(peers: dict):
+    """The numbers of a node serving peers (cluster/peers.py ``report``)."""
+    fetch, serve = peers["fetch"], peers["serve"]
+    yield GaugeMetricFamily("ckptfs_peers_alive", "Other nodes of this store seen alive",
+                            value=peers["alive"])
+    for name, doc, value in (
+            ("ckptfs_peer_errors", "Chunk requests to peers that failed or timed out "
+             "(fetched from the store instead)", fetch.get("errors", 0)),
+            ("ckptfs_peer_wrong_chunks", "Chunks from peers that failed their hash "
+             "(ignored, fetched from the store)", fetch.get("wrong", 0)),
+            ("ckptfs_peer_served_bytes", "Chunk bytes served to other nodes",
+             serve.get("bytes", 0)),
+            ("ckptfs_peer_refused", "Peer requests refused (not signed right)",
+             serve.get("refused", 0))):
+        yield CounterMetricFamily(name, doc, value=value)

@@ -244,3 +244,18 @@ def test_mountpoint_of_a_dead_daemon(tmp_path, local_store):
     finally:
         subprocess.run(["fusermount3", "-u", "-z", str(mnt.path)], capture_output=True)
         mnt.cleanup()
+
+
+def test_peer_address_in_use(mp, local_store):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        line = mount_fails(mp, local_store.url, "--peer-listen", address)
+    assert f"peer address {address}: cannot listen there" in line, line
+    assert "in use" in line, line
+
+
+def test_a_wildcard_peer_address_needs_the_advertised_one(mp, local_store):
+    line = mount_fails(mp, local_store.url, "--peer-listen", "0.0.0.0:7601")
+    assert "a wildcard --peer-listen needs --peer-advertise" in line, line

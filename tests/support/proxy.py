@@ -57,6 +57,10 @@ class FaultProxy:
         self.accepted: Counter[str] = Counter()   # connections accepted, per mode
         self.resets_left = 0                      # reset this many new connections first
         self.resets_done = 0
+        # Bytes forwarded: from the server to the clients (what the store served) and
+        # back.  ``count_reset`` starts a new tally.
+        self.bytes_down = 0
+        self.bytes_up = 0
         self._mode = "pass"
         self._lock = threading.Lock()
         self._conns: set[_Conn] = set()
@@ -89,6 +93,17 @@ class FaultProxy:
 
     def _was_hung(self, conn: _Conn) -> bool:
         return conn.mode == "hang" or getattr(conn, "hung", False)
+
+    def count_reset(self) -> None:
+        with self._lock:
+            self.bytes_down = self.bytes_up = 0
+
+    def _count(self, n: int, response: bool) -> None:
+        with self._lock:
+            if response:
+                self.bytes_down += n
+            else:
+                self.bytes_up += n
 
     def reset_all_and_next(self, n: int) -> None:
         """A blip: reset every open connection and the next ``n`` new ones."""
@@ -219,6 +234,7 @@ class FaultProxy:
                     self._close(conn, rst=True)
                     return
                 dst.sendall(data)
+                self._count(len(data), response)
                 if mode == "slow":
                     time.sleep(len(data) / self.slow_bps)
         except OSError:

@@ -29,3 +29,15 @@ def test_status_says_when_async_uploads_give_way_to_a_writer():
     assert "giving way to a writer for" in status_text(doc)
     doc["fs"]["uploads_held_for_writer_s"] = 0.0
     assert "giving way" not in status_text(doc)
+
+
+def test_status_shows_the_peers_bytes_from_them_and_from_the_store():
+    doc = {"mountpoint": "/mnt/ckpt", "pid": 7, "durability": "sync", "fs": {},
+           "peers": {"alive": 3, "listen": "10.0.0.5:7601", "bytes_from_peers": 48 << 20,
+                     "bytes_from_store": 16 << 20, "fetch": {"errors": 2, "wrong": 1},
+                     "serve": {"bytes": 32 << 20, "refused": 4}, "last_error": None}}
+    text = status_text(doc)
+    assert "peers       3 alive (serving on 10.0.0.5:7601)" in text
+    assert "from peers 48.0 MiB, from the store 16.0 MiB; 2 peer error(s), 1 wrong" in text
+    assert "served 32.0 MiB, refused 4" in text
+    assert "peers" not in status_text({**doc, "peers": None})

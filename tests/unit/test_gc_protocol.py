@@ -374,3 +374,23 @@ def test_a_gc_killed_while_it_deletes_a_staged_tree_strands_nothing(store):
     gc(store)
     left = sorted(o.key for o in store.list("dirs/"))
     assert left == [], f"stranded entries: {left}"
+
+
+def test_gc_leaves_the_peers_keys_and_their_secret_alone(store, tmp_path):
+    # Issue 24: peer membership and the cluster secret live under peers/, which no gc
+    # phase walks, even when everything else is collected.
+    from ckptfs.cluster import peer_auth
+    from ckptfs.cluster.peer_members import peer_key
+    secret = peer_auth.load_secret(store)
+    member = peer_key("n1", "b1", "10.0.0.5:7601")
+    store.put(member, b"{}")
+    for path in (store.root / peer_auth.SECRET_KEY, store.root / member):
+        os.utime(path, (time.time() - 10 * 86400,) * 2)
+    node = Node(store, tmp_path, "a")
+    node.publish("A", DATA)
+    store.delete(entry_key("root", b"A"))
+    age(store, SHA)
+    gc(store)
+    assert gc(store).chunks_deleted == 1
+    assert peer_auth.load_secret(store) == secret
+    assert store.exists(member)

@@ -29,6 +29,8 @@ EXAMPLES = {
     "s3_client": ("boto3", "boto3"), "upload_hold": ("2.5", 2.5),
     "allow_other": ("off", "off"),
     "passthrough": ("off", "off"),
+    "peer_listen": ("10.0.0.5:7601", "10.0.0.5:7601"),
+    "peer_advertise": ("node5:7601", "node5:7601"), "peer_timeout": ("3", 3.0),
 }
 
 
