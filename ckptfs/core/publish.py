@@ -384,8 +384,12 @@ class Publish:
                 session.handles.discard(fh)
                 if rt.session is session and not session.handles and inode is not None:
                     # No close meant it (every flush passed it on): never published.
+                    # The kernel may be waiting for this answer while the creating
+                    # process holds the directory's lock (an open that failed after
+                    # create answered), and dropping the name takes that lock: it goes
+                    # on in the background, never before this release returns.
                     self._abandon(inode, "no writer closed it for good")
-                    await self.drop_stale_entries()
+                    self.st.nursery.start_soon(self.drop_stale_entries)
         elif handle.snapshot[0] == "staging":
             self.st._unref(handle.ino, rt, handle.snapshot[1])
         if not rt.handles and inode is not None:
