@@ -148,6 +148,8 @@ class _Sim:
         n, c = p.nodes, p.chunks
         rng = random.Random(p.seed)
         self.csize = p.chunk_size
+        self.C = c
+        self.peer_latency = p.peer_latency
         self.up_t = p.chunk_size / (p.up_gbit * GB / 8)
         self.down_t = p.chunk_size / (p.down_gbit * GB / 8)
         self.store_t = p.chunk_size / (p.store_gbit * GB / 8)
@@ -244,7 +246,7 @@ class _Sim:
 
     def issue(self, n: int, now: float) -> None:
         order, have, want = self.orders[n], self.have[n], self.want[n]
-        chunks, gets = self.p.chunks, self.p.gets
+        chunks, gets = self.C, self.p.gets
         while self.inflight[n] < gets and self.pos[n] < chunks:
             c = order[self.pos[n]]
             self.pos[n] += 1
@@ -263,7 +265,7 @@ class _Sim:
         self.done[n] += 1
         if self.done[n] == self.die_after[n]:
             self.die(n, now)
-        elif self.done[n] == self.p.chunks:
+        elif self.done[n] == self.C:
             self.finished[n] = now
 
     def arrived(self, n: int, c: int, now: float) -> None:
@@ -336,7 +338,7 @@ class _Sim:
             return
         hq = self.have[q][c]
         if hq == 2:
-            self.send(q, n, c, now + self.p.peer_latency)
+            self.send(q, n, c, now + self.peer_latency)
             return
         if hq == 1 and self.loops(q, c, n):
             self.r.cycle_store_fetches += 1
@@ -360,11 +362,16 @@ class _Sim:
 
     def send(self, q: int, n: int, c: int, now: float) -> None:
         """Peer q sends chunk c to node n."""
-        self.up_free[q] = max(self.up_free[q], now) + self.up_t
-        self.down_free[n] = max(self.down_free[n], now) + self.down_t
+        up = self.up_free[q]
+        up = (up if up > now else now) + self.up_t
+        self.up_free[q] = up
+        down = self.down_free[n]
+        down = (down if down > now else now) + self.down_t
+        self.down_free[n] = down
         self.r.uploads[q] += self.csize
         self.outgoing[q].add((n, c))
-        self.push(max(self.up_free[q], self.down_free[n]), _DONE, n, c, q)
+        self.seq += 1
+        heapq.heappush(self.events, (up if up > down else down, self.seq, _DONE, n, c, q))
 
     # -- outcomes ---------------------------------------------------------------------------
 
