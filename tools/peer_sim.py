@@ -29,10 +29,10 @@ node's downlink, the store's aggregate egress and its GET rate.  A transfer rese
 on each resource it crosses when it starts, FIFO, and ends when the last of them has carried
 it (and no sooner than latency + size / per-connection cap for a store GET).  Why not a
 fluid model with max-min sharing: recomputing every flow's rate at every event costs
-O(flows) per event, and 1 000 nodes x 100 GB is 12.8 M chunk deliveries; a fixed time step is
+O(flows) per event, and 1 000 nodes x 100 GB is 11.9 M chunk deliveries; a fixed time step is
 as costly and blurs a chunk's 3 ms on a 25 Gbit/s card.  What chunk granularity keeps and a
-fluid model of aggregate rates loses: which node owns which chunk (an owner of 5 chunks
-when the mean is 1.3), single flight, nodes all asking for the same chunk at once (the
+fluid model of aggregate rates loses: which node owns which chunk (an owner of 7 chunks
+when the mean is 1.2), single flight, nodes all asking for the same chunk at once (the
 thundering herd on one owner), a peer dying with requests queued on it.
 
 ASSUMPTIONS (printed with the table):
