@@ -55,8 +55,9 @@ def test_without_peers_every_node_reads_the_whole_checkpoint_from_the_store(sim)
     survivors = p.nodes - len(r.dead)
     assert r.store_bytes >= survivors * p.size_bytes
     q = small(sim, peers=False)
-    assert sim.simulate(q).store_bytes == q.nodes * q.size_bytes
-    assert sum(sim.simulate(q).uploads) == 0
+    rq = sim.simulate(q)
+    assert rq.store_bytes == q.nodes * q.size_bytes
+    assert sum(rq.uploads) == 0
 
 
 @pytest.mark.parametrize("fallback", ["store", "next"])
