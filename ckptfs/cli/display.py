@@ -56,6 +56,17 @@ def peers_text(peers: dict) -> str:
                if peers.get("last_error") else ""))
 
 
+def cache_text(doc: dict, fs: dict) -> str:
+    """The cache row: its size, its limit, chunks it refetched."""
+    limit = doc.get("cache_limit")
+    return (f"{human_bytes(fs.get('cache_bytes', 0))}"
+            + (f" of {human_bytes(limit)}" if limit else "")
+            + (f", {fs['corrupt_chunks']} corrupt chunk(s) refetched"
+               if fs.get("corrupt_chunks") else "")
+            + (f", {fs['rotten_cache_chunks']} rotten cache file(s) refetched"
+               if fs.get("rotten_cache_chunks") else ""))
+
+
 def status_text(doc: dict) -> str:
     """A short summary of a ``status`` reply: what an operator looks at first."""
     fs, store = doc.get("fs", {}), doc.get("store_stats", {})
@@ -89,13 +100,7 @@ def status_text(doc: dict) -> str:
     row("uploaded", f"{human_bytes(fs.get('bytes_uploaded', 0))} "
                     f"(+{human_bytes(fs.get('bytes_deduplicated', 0))} deduplicated), "
                     f"{fs.get('publishes', 0)} file(s) published")
-    limit = doc.get("cache_limit")
-    row("cache", f"{human_bytes(fs.get('cache_bytes', 0))}"
-                 + (f" of {human_bytes(limit)}" if limit else "")
-                 + (f", {fs['corrupt_chunks']} corrupt chunk(s) refetched"
-                    if fs.get("corrupt_chunks") else "")
-                 + (f", {fs['rotten_cache_chunks']} rotten cache file(s) refetched"
-                    if fs.get("rotten_cache_chunks") else ""))
+    row("cache", cache_text(doc, fs))
     if doc.get("peers"):
         row("peers", peers_text(doc["peers"]))
     kinds = store.get("error_kinds") or {}

@@ -311,6 +311,48 @@ def fuse_ops(config: Config, fs: Filesystem, control_path: str,
     return ops, data_path
 
 
+def start_retention(opts: MountOptions, config: Config, fs: Filesystem, nursery: trio.Nursery,
+                    invalidate_entry, metrics):
+    """The mount's retention rules (cluster/retention.py) fed by this filesystem's seals,
+    or None without rules."""
+    if not opts.retention:
+        return None
+    from ..cluster.retention import Hooks, Retention
+
+    def open_below(parent: int, name: str) -> bool:
+        top = fs.ns.lookup(parent, name.encode("utf-8", "surrogateescape"))
+        if top is None:
+            return False
+        for handle in list(fs.handles.values()):
+            cur = fs.ns.maybe_get(handle.ino)
+            while cur is not None and cur.parent and cur.ino != ROOT_INO:
+                if cur.ino == top:
+                    return True
+                cur = fs.ns.maybe_get(cur.parent)
+        return False
+
+    async def forget(parent: int, name: str) -> None:
+        await fs.refresh_dir(parent, force=True)
+        await invalidate_entry(parent, name.encode("utf-8", "surrogateescape"))
+
+    def path_of(ino: int) -> str:
+        return str(opts.mountpoint) + os.fsdecode(fs.ns.path_of(ino)).rstrip("/")
+
+    retention = Retention(opts.retention, fs.store, config.profiles,
+                          Hooks(open_below, forget, path_of))
+    if metrics is not None:
+        retention.on_removed = metrics.retention_removed.inc
+
+    def after_seal(inode) -> None:
+        parent = fs.ns.maybe_get(inode.parent)
+        if parent is not None and parent.dir_id is not None and \
+                retention.rule_for(os.fsdecode(inode.name)):
+            nursery.start_soon(retention.after_seal, parent.ino, parent.dir_id,
+                               os.fsdecode(inode.name))
+    fs.after_seal = after_seal
+    return retention
+
+
 class Daemon:
     def __init__(self, opts: MountOptions, store_wrap=None) -> None:
         self.opts = opts
@@ -504,42 +546,8 @@ class Daemon:
         store.close()
 
     def _start_retention(self, fs: Filesystem, nursery: trio.Nursery) -> None:
-        if not self.opts.retention:
-            return
-        from ..cluster.retention import Hooks, Retention
-
-        def open_below(parent: int, name: str) -> bool:
-            top = fs.ns.lookup(parent, name.encode("utf-8", "surrogateescape"))
-            if top is None:
-                return False
-            for handle in list(fs.handles.values()):
-                cur = fs.ns.maybe_get(handle.ino)
-                while cur is not None and cur.parent and cur.ino != ROOT_INO:
-                    if cur.ino == top:
-                        return True
-                    cur = fs.ns.maybe_get(cur.parent)
-            return False
-
-        async def forget(parent: int, name: str) -> None:
-            await fs.refresh_dir(parent, force=True)
-            await self._invalidate_entry(parent, name.encode("utf-8", "surrogateescape"))
-
-        def path_of(ino: int) -> str:
-            return str(self.opts.mountpoint) + os.fsdecode(fs.ns.path_of(ino)).rstrip("/")
-
-        retention = self.retention = Retention(self.opts.retention, fs.store,
-                                               self.config.profiles,
-                                               Hooks(open_below, forget, path_of))
-        if self.metrics is not None:
-            retention.on_removed = self.metrics.retention_removed.inc
-
-        def after_seal(inode) -> None:
-            parent = fs.ns.maybe_get(inode.parent)
-            if parent is not None and parent.dir_id is not None and \
-                    retention.rule_for(os.fsdecode(inode.name)):
-                nursery.start_soon(retention.after_seal, parent.ino, parent.dir_id,
-                                   os.fsdecode(inode.name))
-        fs.after_seal = after_seal
+        self.retention = start_retention(self.opts, self.config, fs, nursery,
+                                         self._invalidate_entry, self.metrics)
 
     def _start_metrics(self, fs: Filesystem, staging: Staging):
         """The bound metrics server (``bind_metrics``), now fed by this filesystem."""
