@@ -1,6 +1,6 @@
 """Local bytes fetched: the node's chunk cache.
 
-``ChunkCache`` keeps fetched chunks by sha256 under ``cache/``, fetches each chunk at most
+``ChunkCache`` keeps fetched chunks by chunk id under ``cache/``, fetches each chunk at most
 once at a time (single flight), verifies it before anyone sees it (refetching a corrupt
 one by ``VERIFY_RETRY``), and evicts least recently used chunks above its size limit;
 local copies of published files (``ino:<n>``) share the limit.
@@ -25,7 +25,6 @@ Knows nothing of FUSE, of staging files, or of inodes' meaning.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import mmap
 import os
@@ -38,6 +37,7 @@ import trio
 
 from .buffers import BufferPool
 from ..errors import FsError
+from ..format.chunkid import chunk_ok, digest_hex
 from ..format.remote import chunk_key
 from ..store.retrypolicy import RetryPolicy
 from ..store import ObjectStore, StoreError
@@ -81,13 +81,8 @@ def write_file_direct(path: Path, view: memoryview) -> bool:
         os.close(fd)
 
 
-def chunk_ok(data, sha: str) -> bool:
-    """Whether ``data`` (bytes-like) is the chunk named ``sha`` (its sha256, hex)."""
-    return hashlib.sha256(data).hexdigest() == sha
-
-
 class ChunkCache:
-    """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
+    """Verified chunks by chunk id (``chunkid.py``), fetched once per node, LRU-evicted above ``limit``."""
 
     def __init__(self, root: Path, store: ObjectStore, limit: int,
                  fetch_limiter: trio.CapacityLimiter, verify: RetryPolicy = VERIFY_RETRY,
@@ -131,7 +126,7 @@ class ChunkCache:
             self.total += size
 
     def path(self, sha: str) -> Path:
-        return self.root / sha[:2] / sha
+        return self.root / digest_hex(sha)[:2] / sha
 
     def has(self, sha: str) -> bool:
         return sha in self._lru

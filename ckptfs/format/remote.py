@@ -1,6 +1,7 @@
-"""The remote format, v1 (DESIGN.md §3): key names and directory-entry JSON.
+"""The remote format, v2 (DESIGN.md §3): key names and directory-entry JSON.
 
-``chunks/<aa>/<sha256>`` hold immutable chunk bodies; ``dirs/<dir-id>/<name>`` holds one
+``chunks/<aa>/<chunk id>`` hold immutable chunk bodies (``chunkid.py``: a bare sha256 as
+v1 wrote, or ``b3-<blake3>``; ``aa`` is the first two hex digits of the digest); ``dirs/<dir-id>/<name>`` holds one
 JSON entry per name.  This module encodes and validates; a hostile or corrupt entry
 raises ``BadEntry`` instead of leaking into the namespace.  It knows nothing of LMDB,
 FUSE or how bytes are moved.
@@ -16,14 +17,20 @@ import stat
 import uuid
 from dataclasses import dataclass, field
 
+from .chunkid import digest_hex, is_chunk_id
+
 ROOT_DIR_ID = "root"
 FORMAT_KEY = "ckptfs.json"
-FORMAT_VERSION = 1
+# v2 (decision in docs/notes-hash.md): entries may name BLAKE3 chunks (``b3-`` ids) beside
+# v1's sha256 ones.  A v1 daemon refuses a v2 marker at mount (one line), so it never
+# meets an id it cannot verify; this code reads both.  A store stays v1 until a node
+# that writes BLAKE3 chunks mounts it (node/daemon.py upgrades the marker).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # Entries may name chunks up to this size whatever this node's own chunk size: every
 # node reads files written with any chunk size.
 MAX_CHUNK_SIZE = 64 << 20
 _DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 # Special files (FIFOs, devices, sockets) are metadata-only entries (issue 10); "link"
 # names a hard-linked file whose content lives in ``inodes/<id>`` (decision 0008).
 SPECIAL_TYPES = ("fifo", "chr", "blk", "sock")
@@ -68,8 +75,9 @@ def check_key_fits(dir_id: str, name: bytes) -> None:
         raise KeyTooLong(f"store key of {key} bytes (limit {MAX_KEY})")
 
 
-def chunk_key(sha: str) -> str:
-    return f"chunks/{sha[:2]}/{sha}"
+def chunk_key(cid: str) -> str:
+    """The store key of the chunk ``cid``: its id is the last component."""
+    return f"chunks/{digest_hex(cid)[:2]}/{cid}"
 
 
 def inode_key(link_id: str) -> str:
@@ -301,14 +309,15 @@ def _read_kind_fields(entry: Entry, doc: dict, max_chunk: int) -> None:
 
 
 def _chunks_from_json(chunks: object, size: int, max_chunk: int) -> list[tuple[str, int]]:
-    """A file's chunk list: (sha256, length) pairs adding up to its size."""
+    """A file's chunk list: (chunk id, length) pairs adding up to its size (ids of
+    either algorithm, mixed as they may be within one file's history)."""
     if not isinstance(chunks, list):
         raise BadEntry("file entry without chunk list")
     out: list[tuple[str, int]] = []
     total = 0
     for item in chunks:
         if (not isinstance(item, list) or len(item) != 2
-                or not isinstance(item[0], str) or not _SHA_RE.match(item[0])
+                or not is_chunk_id(item[0])
                 or not _is_int(item[1]) or not 0 < item[1] <= max_chunk):
             raise BadEntry(f"bad chunk {item!r}")
         total += item[1]

@@ -23,7 +23,7 @@ VALUED = ("store", "config", "state_dir", "durability", "endpoint_url", "chunk_s
           "cache_size", "metadata_ttl", "upload_concurrency", "fetch_concurrency",
           "gc_grace", "gc_settle", "checkpoint_formats", "lease_ttl", "stale_staged_after",
           "store_timeout", "stop_timeout", "max_staged", "upload_hold", "metrics_address",
-          "log_file", "s3_client")
+          "log_file", "s3_client", "chunk_hash")
 FLAGS = ("single_writer", "writeback_cache")
 
 

@@ -27,6 +27,7 @@ EXAMPLES = {
     "stop_timeout": ("0", 0.0), "max_staged": ("16M", 16 << 20),
     "metrics_address": ("127.0.0.1:9464", "127.0.0.1:9464"),
     "s3_client": ("boto3", "boto3"), "upload_hold": ("2.5", 2.5),
+    "chunk_hash": ("sha256", "sha256"),
 }
 
 
