@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, \
@@ -154,6 +155,7 @@ class ChunkUploader:
         self.limiter = limiter
         self.on_known = on_known      # persists (hash, memory generation) (trio thread)
         self.stats = UploadStats()
+        self._cpu_lock = threading.Lock()     # workers add to the CPU counters
 
     async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
         async with self.slot() if self.slot is not None else nullcontext():
@@ -209,7 +211,9 @@ class ChunkUploader:
     def _send(self, view: memoryview) -> tuple[str, bool, int, bool]:
         started = time.thread_time()
         sha = chunk_id(view, self.chunk_hash)
-        self.stats.hash_cpu += time.thread_time() - started
+        hashed = time.thread_time()
+        with self._cpu_lock:
+            self.stats.hash_cpu += hashed - started
         action, generation = self.liveness.plan_upload(sha)
         if action == "skip":
             return sha, False, generation, True
@@ -220,7 +224,9 @@ class ChunkUploader:
         started = time.thread_time()
         # A sha256 id doubles as the transfer checksum; for others the store picks one.
         self.store.put(key, view, sha256=sha256_of(sha))
-        self.stats.put_cpu += time.thread_time() - started
+        sent = time.thread_time()
+        with self._cpu_lock:
+            self.stats.put_cpu += sent - started
         self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
         return sha, True, generation, False
 
