@@ -425,7 +425,20 @@ class Bench:
         """The state dir of the ckptfs mount at ``mnt`` (``mount`` names both)."""
         return self.work / f"state-{mnt.name.removeprefix('mnt-')}"
 
-    def mount(self, name: str, durability: str) -> Path:
+    def variant_args(self, system: str) -> list[str]:
+        """Extra mount arguments of a ckptfs row: ``ckptfs-<mode>+<variant>`` takes the
+        ``--variant <variant>=<args>`` ones (a data path, a hash...), after
+        ``--mount-arg``'s, which every ckptfs row takes."""
+        _, _, variant = system.partition("+")
+        if not variant:
+            return []
+        for spec in self.args.variant or []:
+            label, _, args = spec.partition("=")
+            if label == variant:
+                return args.split()
+        raise SystemExit(f"ckptfs bench: no --variant {variant}=ARGS for system {system}")
+
+    def mount(self, name: str, durability: str, extra: list[str] | None = None) -> Path:
         mnt = self.work / f"mnt-{name}"
         mnt.mkdir(exist_ok=True)
         args = ["mount", str(mnt), "--store", self.store_url, "--state-dir",
@@ -433,6 +446,7 @@ class Bench:
         if self.endpoint:
             args += ["--endpoint-url", self.endpoint]
         args += self.args.mount_arg or []
+        args += extra or []
         ckptfs_cli(*args, env=self.env)
         return mnt
 
@@ -444,10 +458,11 @@ class Bench:
         ckptfs_cli("umount", str(mnt), env=self.env)
         shutil.rmtree(self.state_dir(mnt), ignore_errors=True)
 
-    def run_ckptfs(self, rnd: int, durability: str) -> None:
-        system = f"ckptfs-{durability}"
+    def run_ckptfs(self, rnd: int, system: str) -> None:
+        durability = system.removeprefix("ckptfs-").partition("+")[0]
+        extra = self.variant_args(system)
         name = f"{durability}-{rnd}-{uuid.uuid4().hex[:6]}"
-        mnt = self.mount(name, durability)
+        mnt = self.mount(name, durability, extra)
         try:
             status = daemon_status(mnt, self.env)
             pid = status["pid"]
@@ -479,7 +494,7 @@ class Bench:
         finally:
             self.umount(mnt)
         # Cold and warm reads from a fresh mount (new state dir: nothing cached).
-        reader = self.mount(f"{name}-reader", durability)
+        reader = self.mount(f"{name}-reader", durability, extra)
         try:
             pid = daemon_status(reader, self.env)["pid"]
             self.prime()
@@ -509,7 +524,7 @@ class Bench:
     def eight_readers(self, rnd: int, system: str, name: str) -> None:
         """One cold reader of a big file on a fresh mount, then 8 at once on another."""
         for readers in (1, 8):
-            mnt = self.mount(f"{name}-{readers}r", "sync")
+            mnt = self.mount(f"{name}-{readers}r", "sync", self.variant_args(system))
             try:
                 target = mnt / f"ckpt-{name}" / self.workload.files()[0][0]
                 target.parent.stat()
@@ -545,7 +560,7 @@ class Bench:
                     elif system == "boto3":
                         self.run_boto3(rnd)
                     else:
-                        self.run_ckptfs(rnd, system.removeprefix("ckptfs-"))
+                        self.run_ckptfs(rnd, system)
         finally:
             if self.server:
                 self.server.stop()
@@ -571,56 +586,60 @@ def ratios(summary: dict) -> list[str]:
     lines: list[str] = []
     line, ratio = _liners(lines)
 
-    for mode in ("async", "sync"):
-        m = med.get(f"ckptfs-{mode}", {})
+    rows = [s for s in med if s.startswith("ckptfs-")]
+    for row in sorted(rows, key=lambda r: (r.partition("+")[2], r)):
+        m = med[row]
+        # "async" / "sync", or "async+<variant>": the targets are the mode's.
+        label = row.removeprefix("ckptfs-")
+        mode = label.partition("+")[0]
         if not m:
             continue
-        ratio(f"{mode}: blocked / passthrough blocked", m.get("blocked"),
+        ratio(f"{label}: blocked / passthrough blocked", m.get("blocked"),
               passthrough.get("blocked"), 1.15 if mode == "async" else None,
               "<= 1.15x" if mode == "async" else "-")
         # Issue 23's targets: async save blocked and an eight-rank save within 1.3x of
         # local disk; sync durable within 1.1x of boto3; daemon CPU <= 1.0 s/GiB written.
-        ratio(f"{mode}: blocked / local-disk write", m.get("blocked"), local.get("blocked"),
+        ratio(f"{label}: blocked / local-disk write", m.get("blocked"), local.get("blocked"),
               1.3 if mode == "async" else None, "<= 1.3x" if mode == "async" else "-")
-        ratio(f"{mode}: {_ranks(summary)} ranks blocked / local disk", m.get("ranks_blocked"),
+        ratio(f"{label}: {_ranks(summary)} ranks blocked / local disk", m.get("ranks_blocked"),
               local.get("ranks_blocked"), 1.3 if mode == "async" else None,
               "<= 1.3x" if mode == "async" else "-")
-        ratio(f"{mode}: durable / parallel boto3 upload", m.get("durable"),
+        ratio(f"{label}: durable / parallel boto3 upload", m.get("durable"),
               boto.get("durable"), 1.1 if mode == "sync" else None,
               "<= 1.1x" if mode == "sync" else "-")
-        ratio(f"{mode}: durable / boto3 upload file by file", m.get("durable"),
+        ratio(f"{label}: durable / boto3 upload file by file", m.get("durable"),
               boto.get("durable_file_by_file"), None, "-")
-        ratio(f"{mode}: cold read time / parallel boto3 download", m.get("cold_read"),
+        ratio(f"{label}: cold read time / parallel boto3 download", m.get("cold_read"),
               boto.get("cold_read"), 1.0, "<= 1.0x")
-        ratio(f"{mode}: cold read time / boto3 download file by file", m.get("cold_read"),
+        ratio(f"{label}: cold read time / boto3 download file by file", m.get("cold_read"),
               boto.get("cold_read_file_by_file"), None, "-")
-        ratio(f"{mode}: 8 readers / 1 reader (time)", m.get("8_readers"),
+        ratio(f"{label}: 8 readers / 1 reader (time)", m.get("8_readers"),
               m.get("1_readers"), 1.2, "<= 1.2x")
         if m.get("8_readers_fetched_x") and m.get("1_readers_fetched_x"):
             # One download per node: 8 readers fetch what one reader fetches.  Both
             # include the next file's first chunks, fetched ahead for a reader that
             # reached the file's end (decision 0015), hence "/ file size" above 1.
             value = m["8_readers_fetched_x"] / m["1_readers_fetched_x"]
-            line(f"{mode}: 8 readers: bytes fetched / one reader's", value, "1.00x",
+            line(f"{label}: 8 readers: bytes fetched / one reader's", value, "1.00x",
                  abs(value - 1.0) < 0.005)
-            line(f"{mode}: 8 readers: bytes fetched / file size", m["8_readers_fetched_x"],
+            line(f"{label}: 8 readers: bytes fetched / file size", m["8_readers_fetched_x"],
                  "-", None)
         for metric, limit in (("cpu_s_per_gib_write", 1.0), ("cpu_s_per_gib_cold_read", 1.0)):
             if m.get(metric) is not None:
-                line(f"{mode}: daemon CPU s/GiB {metric.removeprefix('cpu_s_per_gib_')}",
+                line(f"{label}: daemon CPU s/GiB {metric.removeprefix('cpu_s_per_gib_')}",
                      m[metric], f"<= {limit}", m[metric] <= limit)
         for part in ("hash", "put", "rest"):
             value = m.get(f"cpu_s_per_gib_write_{part}")
-            line(f"{mode}:   of which {CPU_PARTS[part]}", value, "-", None)
+            line(f"{label}:   of which {CPU_PARTS[part]}", value, "-", None)
         for metric in ("cpu_s_per_gib_write", "cpu_s_per_gib_cold_read"):
-            ratio(f"{mode}: daemon CPU {metric.removeprefix('cpu_s_per_gib_')} / passthrough",
+            ratio(f"{label}: daemon CPU {metric.removeprefix('cpu_s_per_gib_')} / passthrough",
                   m.get(metric), passthrough.get(metric), None, "-")
         for metric in ("peak_rss_mib", "reader_peak_rss_mib"):
             if m.get(metric) is not None:
-                line(f"{mode}: daemon {metric.replace('_', ' ')}", m[metric], "<= 300 MiB",
+                line(f"{label}: daemon {metric.replace('_', ' ')}", m[metric], "<= 300 MiB",
                      m[metric] <= 300)
         if m.get("warm_read") and local.get("warm_read"):
-            line(f"{mode}: warm read throughput / local disk",
+            line(f"{label}: warm read throughput / local disk",
                  local["warm_read"] / m["warm_read"], ">= 0.8x",
                  local["warm_read"] / m["warm_read"] >= 0.8)
     return lines + floors(local, passthrough)
@@ -710,6 +729,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="do not write and delete a scratch file before each timed step "
                    "(on a VM that returns freed memory to its host, times then depend on "
                    "what ran before)")
+    p.add_argument("--variant", action="append", metavar="NAME=ARGS",
+                   help="mount arguments of the ckptfs rows named ckptfs-<mode>+NAME in "
+                   "--systems (repeatable), e.g. --variant 'sha256=--chunk-hash sha256' "
+                   "--systems local ckptfs-sync ckptfs-sync+sha256: one row per data "
+                   "path or setting, measured in the same rounds")
     p.add_argument("--mount-arg", action="append", metavar="ARG",
                    help="extra argument for `ckptfs mount` (repeatable), e.g. "
                    "--mount-arg=--writeback-cache")
