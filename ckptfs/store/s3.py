@@ -148,10 +148,14 @@ class S3Store:
                     "403", "InvalidToken", "ExpiredToken") or (status == 403 and not code):
             return AccessDenied(f"access denied by the store ({code or status}): check "
                                 "credentials")
+        # BadDigest / XAmzContentSHA256Mismatch: the body arrived different from what was
+        # sent (the transfer checksum caught it); the next attempt resends the buffer.
         if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
                                                                "RequestTimeout",
                                                                "InternalError",
-                                                               "ServiceUnavailable"):
+                                                               "ServiceUnavailable",
+                                                               "BadDigest",
+                                                               "XAmzContentSHA256Mismatch"):
             return TransientStoreError(f"{code or status} on {key}")
         return StoreError(f"{code or status}: {message} ({key})")
 
