@@ -561,6 +561,9 @@ class Bench:
                         self.run_boto3(rnd)
                     else:
                         self.run_ckptfs(rnd, system)
+                if self.args.progress_json:
+                    # The rounds so far, for a run that may be cut short.
+                    Path(self.args.progress_json).write_text(json.dumps(self.summary()))
         finally:
             if self.server:
                 self.server.stop()
@@ -725,6 +728,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", help="scratch directory (default: a new temp dir)")
     p.add_argument("--quick", action="store_true", help="skip re-save and 8-reader runs")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--progress-json", metavar="FILE",
+                   help="write the summary of the rounds so far to FILE after each round")
     p.add_argument("--no-prime", dest="prime", action="store_false",
                    help="do not write and delete a scratch file before each timed step "
                    "(on a VM that returns freed memory to its host, times then depend on "
