@@ -253,6 +253,7 @@ class Bench:
         self.env = dict(os.environ)
         self.server: SeaweedServer | None = None
         self.results: dict[str, dict[str, list[float]]] = {}
+        self.rounds_done = 0
 
     def prime(self) -> None:
         """Before each timed step (``prime_memory``): twice the workload, room for the
@@ -561,6 +562,7 @@ class Bench:
                         self.run_boto3(rnd)
                     else:
                         self.run_ckptfs(rnd, system)
+                self.rounds_done = rnd + 1
                 if self.args.progress_json:
                     # The rounds so far, for a run that may be cut short.
                     Path(self.args.progress_json).write_text(json.dumps(self.summary()))
@@ -577,7 +579,7 @@ class Bench:
         return {"workload": {"files": len(self.workload.files()),
                              "bytes": self.workload.total}, "medians": med,
                 "ranks": self.args.ranks, "rank_size": self.args.rank_size,
-                "rounds": self.args.rounds, "raw": self.results}
+                "rounds": self.rounds_done, "raw": self.results}
 
 
 def ratios(summary: dict) -> list[str]:
