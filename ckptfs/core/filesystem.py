@@ -108,7 +108,7 @@ class Filesystem:
         uploader = ChunkUploader(
             store, liveness, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
             slot=upload_gate.slot if config.durability == "async" else None,
-            buffers=cache.buffers)
+            buffers=cache.buffers, chunk_hash=config.chunk_hash)
         guarded = GuardedStore(store, liveness, lambda: health.marker_lost)
         st = self.st = CoreState(ns, guarded, staging, cache, config, nursery, invalidate,
                                  invalidate_entry, check_complete, liveness, upload_gate,

@@ -9,14 +9,16 @@ from collections.abc import Callable
 
 import trio
 
+from ..format.loadorder import following
 from ..meta.namespace import Inode
 from .chunkmap import ChunkMap
 from .state import CoreState, Handle
 
 log = logging.getLogger(__name__)
 
-# Chunks of the next file fetched ahead for a reader that reached a file's end.
-NEXT_FILE_CHUNKS = 2
+# A directory with more entries than this is not sorted at each file's end: the next
+# file in name order is warmed instead.
+MAX_SCAN = 4096
 
 
 class ReadPath:
@@ -80,21 +82,35 @@ class ReadPath:
         return await self._read_chunks(chunks, total, offset, size, window)
 
     def _warm_next_file(self, ino: int) -> None:
-        """A reader reading a file through to its end: fetch the first chunks of the
-        next file of its directory, in name order (a loader reading a checkpoint's
-        shards one after another would otherwise wait for each shard's first chunk with
-        the CPU idle; decision 0015).  At most ``NEXT_FILE_CHUNKS`` wasted if it never
-        reads that file."""
+        """A reader reading a file through to its end: fetch ahead the next files of its
+        directory in the order loaders read them (``format/loadorder.py``: shard index
+        order), one read-ahead window's worth of bytes across as many files as it
+        covers (a loader reading a checkpoint's shards one after another would
+        otherwise wait for each shard's first chunks with the CPU idle, and for every
+        small file in turn; decision 0015).  At most one window wasted if it never reads
+        them."""
         inode = self.st.ns.maybe_get(ino)
-        if inode is None or not inode.parent:
+        if inode is None or not inode.parent or inode.name is None:
             return
-        following = self.st.ns.next_name(inode.parent, inode.name)
-        nxt = self.st.ns.maybe_get(following[1]) if following else None
-        if nxt is None or nxt.type != "file" or nxt.dirty or nxt.local_copy:
-            return
-        for sha, length in nxt.chunks[:NEXT_FILE_CHUNKS]:
-            if not self.st.cache.ready(sha) and not self.st.cache.fetching(sha):
-                self.st.nursery.start_soon(self._readahead, sha, length)
+        budget = self.st.config.readahead_chunks * self.st.config.chunk_size
+        children = self.st.ns.children(inode.parent)
+        if len(children) > MAX_SCAN:
+            after = self.st.ns.next_name(inode.parent, inode.name)
+            children = [after] if after else []
+            names = [after[0]] if after else []
+        else:
+            names = following([n for n, _ in children], inode.name)
+        inos = dict(children)
+        for name in names:
+            nxt = self.st.ns.maybe_get(inos[name])
+            if nxt is None or nxt.type != "file" or nxt.dirty or nxt.local_copy:
+                continue
+            for sha, length in nxt.chunks:
+                if budget <= 0:
+                    return
+                budget -= length
+                if not self.st.cache.ready(sha) and not self.st.cache.fetching(sha):
+                    self.st.nursery.start_soon(self._readahead, sha, length)
 
     async def _read_chunks(self, chunks: ChunkMap, total: int, offset: int, size: int,
                            window: int = 1) -> bytes:

@@ -109,6 +109,7 @@ class Config:
     stop_timeout: float = 600.0        # unmount/SIGTERM: wait this long for uploads
     max_staged: int | None = None      # async: closed, unuploaded bytes before writers wait
     upload_hold: float = 10.0          # async: uploads wait this long for a writer to pause
+    chunk_hash: str = "blake3"         # how new chunks are named (format/chunkid.py)
 
 
 

@@ -124,6 +124,9 @@ class Status:
                 "bytes_uploaded": up.bytes_uploaded,
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
+                # CPU seconds of upload workers naming chunks and sending them (bench).
+                "upload_hash_cpu_s": round(up.hash_cpu, 3),
+                "upload_put_cpu_s": round(up.put_cpu, 3),
                 "cache_bytes": self.st.cache.total, "corrupt_chunks": self.st.cache.corrupt_events,
                 "rotten_cache_chunks": self.st.cache.rotten,
                 "fetches_in_flight": self.st.cache.fetches_in_flight,

@@ -1,6 +1,6 @@
 """Local bytes fetched: the node's chunk cache.
 
-``ChunkCache`` keeps fetched chunks by sha256 under ``cache/``, fetches each chunk at most
+``ChunkCache`` keeps fetched chunks by chunk id under ``cache/``, fetches each chunk at most
 once at a time (single flight), verifies it before anyone sees it (refetching a corrupt
 one by ``VERIFY_RETRY``), and evicts least recently used chunks above its size limit;
 local copies of published files (``ino:<n>``) share the limit.
@@ -29,7 +29,6 @@ Knows nothing of FUSE, of staging files, of peers, or of inodes' meaning.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import mmap
 import os
@@ -43,6 +42,7 @@ import trio
 
 from .buffers import BufferPool
 from ..errors import FsError
+from ..format.chunkid import chunk_ok, digest_hex
 from ..format.remote import chunk_key
 from ..store.retrypolicy import RetryPolicy
 from ..store import ObjectStore, StoreError
@@ -56,7 +56,7 @@ VERIFY_RETRY = RetryPolicy(attempts=3, base_delay=0.0, max_delay=0.0)
 def cache_file(root: Path, sha: str) -> Path:
     """Where a chunk cache rooted at ``root`` keeps chunk ``sha`` (read by ``ckptfs fsck
     --repair`` too, from outside the daemon)."""
-    return root / sha[:2] / sha
+    return root / digest_hex(sha)[:2] / sha
 
 
 DIRECT_ALIGN = 4096        # O_DIRECT: buffer address, offset and length in these units
@@ -92,11 +92,6 @@ def write_file_direct(path: Path, view: memoryview) -> bool:
         os.close(fd)
 
 
-def chunk_ok(data, sha: str) -> bool:
-    """Whether ``data`` (bytes-like) is the chunk named ``sha`` (its sha256, hex)."""
-    return hashlib.sha256(data).hexdigest() == sha
-
-
 class ChunkSource(Protocol):
     """Somewhere else a chunk may come from before the store (the cache's one seam for
     it).  ``fetch`` fills ``buf`` with chunk ``sha`` (``length`` bytes) and returns True
@@ -108,7 +103,7 @@ class ChunkSource(Protocol):
 
 
 class ChunkCache:
-    """Verified chunks by sha256, fetched once per node, LRU-evicted above ``limit``."""
+    """Verified chunks by chunk id (``chunkid.py``), fetched once per node, LRU-evicted above ``limit``."""
 
     def __init__(self, root: Path, store: ObjectStore, limit: int,
                  fetch_limiter: trio.CapacityLimiter, verify: RetryPolicy = VERIFY_RETRY,

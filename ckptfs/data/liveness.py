@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..format.chunkid import sha256_of
 from ..format.remote import chunk_key
 from ..store import BucketMissing, ListedObject, NotFound, ObjectStore, StoreError
 
@@ -284,7 +285,7 @@ class ChunkLiveness:
         except NotFound:
             self.memory.pop(sha, None)
             raise ChunkGone(f"chunk {sha[:12]} was collected by gc; publish again") from None
-        self.store.put(chunk_key(sha), body, sha256=sha)
+        self.store.put(chunk_key(sha), body, sha256=sha256_of(sha))
         self.touches += 1
         self.touched[sha] = generation
         self.remember(sha, generation)

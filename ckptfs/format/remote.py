@@ -1,6 +1,7 @@
-"""The remote format, v1 (DESIGN.md §3): key names and directory-entry JSON.
+"""The remote format, v2 (DESIGN.md §3): key names and directory-entry JSON.
 
-``chunks/<aa>/<sha256>`` hold immutable chunk bodies; ``dirs/<dir-id>/<name>`` holds one
+``chunks/<aa>/<chunk id>`` hold immutable chunk bodies (``chunkid.py``: a bare sha256 as
+v1 wrote, or ``b3-<blake3>``; ``aa`` is the first two hex digits of the digest); ``dirs/<dir-id>/<name>`` holds one
 JSON entry per name.  This module encodes and validates; a hostile or corrupt entry
 raises ``BadEntry`` instead of leaking into the namespace.  It knows nothing of LMDB,
 FUSE or how bytes are moved.
@@ -19,14 +20,21 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from . import chunkid
+from .chunkid import digest_hex, is_chunk_id
+
 ROOT_DIR_ID = "root"
 FORMAT_KEY = "ckptfs.json"
-FORMAT_VERSION = 1
+# v2 (decision in docs/notes-hash.md): entries may name BLAKE3 chunks (``b3-`` ids) beside
+# v1's sha256 ones.  A v1 daemon refuses a v2 marker at mount (one line), so it never
+# meets an id it cannot verify; this code reads both.  A store stays v1 until a node
+# that writes BLAKE3 chunks mounts it (node/daemon.py upgrades the marker).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # Entries may name chunks up to this size whatever this node's own chunk size: every
 # node reads files written with any chunk size.
 MAX_CHUNK_SIZE = 64 << 20
 _DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 # Special files (FIFOs, devices, sockets) are metadata-only entries (issue 10); "link"
 # names a hard-linked file whose content lives in ``inodes/<id>`` (decision 0008).
 SPECIAL_TYPES = ("fifo", "chr", "blk", "sock")
@@ -76,35 +84,30 @@ INODES_PREFIX = "inodes/"
 DIRS_PREFIX = "dirs/"
 
 
-@functools.lru_cache(maxsize=8)
-def zero_chunk_sha(length: int) -> str:
-    """The SHA-256 of ``length`` zero bytes: a chunk with it holds a hole's bytes (the
-    format records no holes; a chunk of zeros is stored like any other, once)."""
-    return hashlib.sha256(bytes(length)).hexdigest()
+@functools.lru_cache(maxsize=16)
+def zero_chunk_ids(length: int) -> frozenset[str]:
+    """The ids of ``length`` zero bytes under every chunk hash: a chunk with one holds a
+    hole's bytes (the format records no holes; a chunk of zeros is stored like any
+    other, once)."""
+    return frozenset(chunkid.chunk_id(bytes(length), alg) for alg in chunkid.ALGORITHMS)
 
 
 def allocated_bytes(chunks: list[tuple[str, int]]) -> int:
     """Bytes of a published file that hold data: its chunks but those of zeros."""
-    return sum(n for sha, n in chunks if sha != zero_chunk_sha(n))
+    return sum(n for cid, n in chunks if cid not in zero_chunk_ids(n))
 
 
-def chunk_key(sha: str) -> str:
-    return f"{CHUNKS_PREFIX}{sha[:2]}/{sha}"
+def chunk_key(cid: str) -> str:
+    """The store key of the chunk ``cid``: its id is the last component."""
+    return f"{CHUNKS_PREFIX}{digest_hex(cid)[:2]}/{cid}"
 
 
 class ChunkHasher(Protocol):
     """What verifying a chunk needs of a hash: fed in pieces, read as hex."""
 
-    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
+    def update(self, data: bytes | bytearray | memoryview, /) -> object: ...
 
     def hexdigest(self) -> str: ...
-
-
-def is_chunk_id(text: str) -> bool:
-    """Whether ``text`` is a chunk id this format knows (today: a sha256 in hex).  Every
-    reader that checks chunk ids or hashes chunk bodies goes through this function,
-    ``chunk_id_of_key`` and ``chunk_hasher``, so a new kind of id is added here once."""
-    return bool(_SHA_RE.match(text))
 
 
 def chunk_id_of_key(key: str) -> str | None:
@@ -112,24 +115,38 @@ def chunk_id_of_key(key: str) -> str | None:
     stray object, or a chunk under the wrong fan-out directory)."""
     if not key.startswith(CHUNKS_PREFIX):
         return None
-    chunk_id = key.rsplit("/", 1)[-1]
-    if not is_chunk_id(chunk_id) or chunk_key(chunk_id) != key:
+    cid = key.rsplit("/", 1)[-1]
+    if not is_chunk_id(cid) or chunk_key(cid) != key:
         return None
-    return chunk_id
+    return cid
 
 
-def chunk_hasher(chunk_id: str) -> ChunkHasher:
-    """A fresh hash of the kind ``chunk_id`` is made with (``BadEntry`` if none)."""
-    if _SHA_RE.match(chunk_id):
-        return hashlib.sha256()
-    raise BadEntry(f"unknown chunk id {chunk_id!r}")
+class _PrefixedHasher:
+    """A hash whose hex digest reads as a chunk id (``b3-`` before BLAKE3's)."""
+
+    def __init__(self, inner, prefix: str) -> None:
+        self.inner, self.prefix = inner, prefix
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> object:
+        return self.inner.update(data)
+
+    def hexdigest(self) -> str:
+        return self.prefix + self.inner.hexdigest()
 
 
-def chunk_matches(chunk_id: str, data: bytes | bytearray | memoryview) -> bool:
-    """Whether ``data`` is the body of chunk ``chunk_id``."""
-    hasher = chunk_hasher(chunk_id)
-    hasher.update(data)
-    return hasher.hexdigest() == chunk_id
+def chunk_hasher(cid: str) -> ChunkHasher:
+    """A fresh hash of the kind ``cid`` is made with, fed in pieces; its ``hexdigest``
+    equals ``cid`` for the chunk's bytes (``BadEntry`` for an id of no known kind)."""
+    if not is_chunk_id(cid):
+        raise BadEntry(f"unknown chunk id {cid!r}")
+    if chunkid.algorithm_of(cid) == chunkid.BLAKE3:
+        return _PrefixedHasher(chunkid.blake3_hasher(), chunkid.B3_PREFIX)
+    return hashlib.sha256()
+
+
+def chunk_matches(cid: str, data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is the body of chunk ``cid``."""
+    return is_chunk_id(cid) and chunkid.chunk_ok(data, cid)
 
 
 def inode_key(link_id: str) -> str:
@@ -361,14 +378,15 @@ def _read_kind_fields(entry: Entry, doc: dict, max_chunk: int) -> None:
 
 
 def _chunks_from_json(chunks: object, size: int, max_chunk: int) -> list[tuple[str, int]]:
-    """A file's chunk list: (sha256, length) pairs adding up to its size."""
+    """A file's chunk list: (chunk id, length) pairs adding up to its size (ids of
+    either algorithm, mixed as they may be within one file's history)."""
     if not isinstance(chunks, list):
         raise BadEntry("file entry without chunk list")
     out: list[tuple[str, int]] = []
     total = 0
     for item in chunks:
         if (not isinstance(item, list) or len(item) != 2
-                or not isinstance(item[0], str) or not is_chunk_id(item[0])
+                or not is_chunk_id(item[0])
                 or not _is_int(item[1]) or not 0 < item[1] <= max_chunk):
             raise BadEntry(f"bad chunk {item!r}")
         total += item[1]

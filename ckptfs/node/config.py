@@ -15,6 +15,7 @@ from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any
 
+from ..format.chunkid import ALGORITHMS
 from ..format.remote import MAX_CHUNK_SIZE
 from ..format.profiles import DEFAULT_PROFILES, TEXT, Profile, Profiles
 
@@ -119,6 +120,12 @@ def parse_s3_client(value) -> str:
     if value not in ("direct", "boto3"):
         raise ConfigError(f"s3_client must be 'direct' or 'boto3', not {value!r}")
     return value
+
+
+def parse_chunk_hash(value) -> str:
+    if value not in ALGORITHMS:
+        raise ConfigError(f"chunk_hash must be one of {', '.join(ALGORITHMS)}, not {value!r}")
+    return str(value)
 
 
 def _count(low: int, high: int):
@@ -296,6 +303,12 @@ SETTINGS: tuple[Setting, ...] = (
             "let other users use the mount: auto (on for root or with user_allow_other "
             "in /etc/fuse.conf, else off; default), on, off", "choice",
             ("auto", "on", "off")),
+    # How new chunks are named (format/chunkid.py; docs/notes-hash.md): blake3 costs about
+    # half sha256's CPU per byte; a store's first blake3 chunk needs format v2, which
+    # ckptfs releases before it refuse to mount.  sha256 keeps a v1 store v1.
+    Setting("chunk_hash", str, "blake3", parse_chunk_hash,
+            "hash naming new chunks: blake3 (default; upgrades a format-1 store to 2) or "
+            "sha256 (format 1, readable by older releases)", "choice", ALGORITHMS),
     # Prometheus text on http://HOST:PORT/metrics (metrics.py); unset: no server.
     Setting("metrics_address", str | None, None, parse_metrics_address,
             "serve Prometheus metrics at http://HOST:PORT/metrics (default: none)"),
@@ -351,6 +364,7 @@ class Settings:
     upload_hold: float = _default("upload_hold")
     s3_client: str = _default("s3_client")
     allow_other: str = _default("allow_other")
+    chunk_hash: str = _default("chunk_hash")
     metrics_address: str | None = _default("metrics_address")
     peer_listen: str | None = _default("peer_listen")
     peer_advertise: str | None = _default("peer_advertise")

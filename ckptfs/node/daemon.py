@@ -34,7 +34,8 @@ from ..meta.namespace import ROOT_INO, Namespace
 from .preflight import (check_fuse_device, check_may_mount, check_mountpoint,
                         explain_mount_failure, resolve_allow_other)
 from ..procstat import device_of_mount
-from ..format.remote import FORMAT_KEY, FORMAT_VERSION
+from ..format.chunkid import BLAKE3, SHA256
+from ..format.remote import FORMAT_KEY, FORMAT_VERSION, READABLE_VERSIONS
 from ..cluster.stale import StaleStagedWatch
 from ..data.buffers import BufferPool
 from ..data.cache import ChunkCache
@@ -153,7 +154,7 @@ def build_store(url: str, endpoint_url: str | None, stats: StoreStats,
 
 def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 20,
                 gc_settle: float = DEFAULT_SETTLE, create_marker: bool = True,
-                state_dir: Path | None = None) -> "StoreFormat":
+                state_dir: Path | None = None, chunk_hash: str = BLAKE3) -> "StoreFormat":
     """Fail fast, with one line, if the store cannot be used (DESIGN.md promise 8)."""
     try:
         store.check()
@@ -173,7 +174,7 @@ def probe_store(store: ObjectStore, single_writer: bool, chunk_size: int = 8 << 
                              f"{state_dir} has been mounted on it before: the bucket was "
                              f"deleted or emptied; restore it, or mount with a new "
                              f"--state-dir (the old one keeps its journaled work)")
-        return read_format_marker(store, chunk_size, gc_settle)
+        return read_format_marker(store, chunk_size, gc_settle, chunk_hash)
     except StoreError as exc:
         raise MountError(str(exc)) from None
 
@@ -184,29 +185,50 @@ class StoreFormat:
 
     chunk_size: int | None      # the size the store was created with (None: not recorded)
     gc_settle: float
+    version: int = FORMAT_VERSION
 
 
-def read_format_marker(store: ObjectStore, chunk_size: int, gc_settle: float) -> StoreFormat:
+def read_format_marker(store: ObjectStore, chunk_size: int, gc_settle: float,
+                       chunk_hash: str = BLAKE3) -> StoreFormat:
     """Create the format marker (a new store records this node's chunk size and gc
-    settle time), or read and check the existing one."""
-    marker = {"format": FORMAT_VERSION, "chunk_size": chunk_size, "gc_settle": gc_settle}
+    settle time), or read and check the existing one.  A store is format 1 until a node
+    that names chunks with BLAKE3 mounts it: that node moves the marker to 2 (a compare
+    and swap), so that releases before 2, which cannot verify such chunks, refuse the
+    store at mount instead of meeting entries they cannot parse.  A node that writes
+    sha256 chunks creates and keeps format-1 stores."""
+    wanted = FORMAT_VERSION if chunk_hash != SHA256 else 1
+    marker = {"format": wanted, "chunk_size": chunk_size, "gc_settle": gc_settle}
     if store.put_if_absent(FORMAT_KEY, json.dumps(marker).encode()):
-        return StoreFormat(chunk_size, gc_settle)
-    body, _ = store.get(FORMAT_KEY)
-    try:
-        doc = json.loads(body)
-        version = doc.get("format")
-    except (ValueError, AttributeError):
-        doc, version = {}, None
-    if version != FORMAT_VERSION:
-        raise MountError(f"store holds ckptfs format {version!r}, this is {FORMAT_VERSION}")
+        return StoreFormat(chunk_size, gc_settle, wanted)
+    while True:
+        body, etag = store.get(FORMAT_KEY)
+        try:
+            doc = json.loads(body)
+            version = doc.get("format")
+        except (ValueError, AttributeError):
+            doc, version = {}, None
+        if version not in READABLE_VERSIONS:
+            raise MountError(f"store holds ckptfs format {version!r}, this release reads "
+                             f"{' and '.join(map(str, READABLE_VERSIONS))}")
+        if version >= wanted:
+            break
+        doc["format"] = wanted
+        try:
+            store.put(FORMAT_KEY, json.dumps(doc).encode(), if_match=etag)
+        except PreconditionFailed:
+            continue                    # another node changed it: read it again
+        log.warning("store format upgraded from %d to %d (%s chunk ids): ckptfs releases "
+                    "before format %d refuse to mount it (chunk_hash = sha256 keeps a "
+                    "store at format 1)", version, wanted, chunk_hash, wanted)
+        version = wanted
+        break
     recorded = doc.get("chunk_size")
     recorded = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) \
         else None
     settle = doc.get("gc_settle")
     settle = float(settle) if isinstance(settle, (int, float)) and settle >= 0 \
         else DEFAULT_SETTLE
-    return StoreFormat(recorded, settle)
+    return StoreFormat(recorded, settle, version)
 
 
 def _honours_if_match(store: ObjectStore, key: str) -> bool:
@@ -410,7 +432,8 @@ class Daemon:
         fmt = await trio.to_thread.run_sync(
             lambda: probe_store(store, opts.single_writer, self.config.chunk_size,
                                 self.config.gc_settle, create_marker=not bound,
-                                state_dir=opts.state_dir))
+                                state_dir=opts.state_dir,
+                                chunk_hash=self.config.chunk_hash))
         if fmt.chunk_size is not None and fmt.chunk_size != self.config.chunk_size:
             log.warning("the store was created with %d-byte chunks; this node writes %d-byte "
                         "chunks (every node reads both)", fmt.chunk_size,

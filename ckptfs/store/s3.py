@@ -9,7 +9,6 @@ Knows nothing above the store protocol; retries are ``retry.RetryingStore``'s.
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -17,7 +16,10 @@ from typing import TYPE_CHECKING
 
 from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, PreconditionFailed,
                    StoreError, TransientStoreError, copy_into)
-from .s3_http import ChunkHTTP, EndpointMismatch, b64_digest
+from .s3_http import (UNSIGNED_PAYLOAD, ChunkHTTP, EndpointMismatch, b64_digest,
+                      transfer_checksum)
+
+CRC_HEADERS = ("x-amz-checksum-crc32c", "x-amz-checksum-crc32")
 
 if TYPE_CHECKING:     # stubs from the test extra (types-boto3[s3]); boto3 ships none
     from boto3.session import Session
@@ -32,8 +34,9 @@ _BOTO3 = object()     # _via_direct: this call is boto3's to make
 
 def _prehashed_signer() -> str:
     """Name of a SigV4 signer that reuses a body's sha256 when the request already
-    carries it (``x-amz-checksum-sha256``): every chunk is content-addressed by that
-    digest, and over plain HTTP botocore would otherwise hash each 8 MiB body again.
+    carries it (``x-amz-checksum-sha256``: a chunk content-addressed by that digest), and
+    sends the payload unsigned when a CRC header checks it instead (a BLAKE3-named
+    chunk): over plain HTTP botocore would otherwise hash each 8 MiB body again.
     Registered once in botocore's table of signers, under our own name."""
     from botocore.auth import AUTH_TYPE_MAPS, S3SigV4Auth
 
@@ -41,9 +44,12 @@ def _prehashed_signer() -> str:
     if name not in AUTH_TYPE_MAPS:
         class PrehashedS3SigV4Auth(S3SigV4Auth):
             def payload(self, request):
-                digest = request.headers.get("x-amz-checksum-sha256")
-                if digest and not self._is_streaming_checksum_payload(request):
-                    return base64.b64decode(digest).hex()
+                if not self._is_streaming_checksum_payload(request):
+                    digest = request.headers.get("x-amz-checksum-sha256")
+                    if digest:
+                        return base64.b64decode(digest).hex()
+                    if any(request.headers.get(h) for h in CRC_HEADERS):
+                        return UNSIGNED_PAYLOAD      # the CRC checks the body instead
                 return super().payload(request)
 
         AUTH_TYPE_MAPS[name] = PrehashedS3SigV4Auth
@@ -142,10 +148,14 @@ class S3Store:
                     "403", "InvalidToken", "ExpiredToken") or (status == 403 and not code):
             return AccessDenied(f"access denied by the store ({code or status}): check "
                                 "credentials")
+        # BadDigest / XAmzContentSHA256Mismatch: the body arrived different from what was
+        # sent (the transfer checksum caught it); the next attempt resends the buffer.
         if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling",
                                                                "RequestTimeout",
                                                                "InternalError",
-                                                               "ServiceUnavailable"):
+                                                               "ServiceUnavailable",
+                                                               "BadDigest",
+                                                               "XAmzContentSHA256Mismatch"):
             return TransientStoreError(f"{code or status} on {key}")
         return StoreError(f"{code or status}: {message} ({key})")
 
@@ -163,8 +173,7 @@ class S3Store:
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:
         if self.direct is not None:
-            digest = sha256 if sha256 is not None else hashlib.sha256(data).hexdigest()
-            done = self._via_direct(lambda d: d.put(self._k(key), data, digest, if_match))
+            done = self._via_direct(lambda d: d.put(self._k(key), data, sha256, if_match))
             if done is not _BOTO3:
                 return done
         if not isinstance(data, bytes):
@@ -173,6 +182,12 @@ class S3Store:
                                             "Body": data}
         if sha256 is not None:
             request["ChecksumSHA256"] = b64_digest(sha256)
+        else:       # the signer sends it unsigned: no sha256 pass over the body
+            name, value = transfer_checksum(data)
+            if name.endswith("crc32c"):
+                request["ChecksumCRC32C"] = value
+            else:
+                request["ChecksumCRC32"] = value
         if if_match is not None:
             request["IfMatch"] = if_match
         try:

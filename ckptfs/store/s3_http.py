@@ -26,6 +26,7 @@ import threading
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
+import zlib
 from collections.abc import Callable
 
 from .base import StoreError, TransientStoreError
@@ -33,6 +34,26 @@ from .base import StoreError, TransientStoreError
 log = logging.getLogger(__name__)
 
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+try:                        # hardware CRC32C (SSE4.2): ~0.15 s/GiB against zlib's ~0.8
+    import crc32c as _crc32c_module
+    _crc32c: Callable[..., int] | None = _crc32c_module.crc32c
+except ImportError:         # pragma: no cover - a stale environment: zlib's CRC32
+    _crc32c = None
+
+
+def transfer_checksum(body) -> tuple[str, str]:
+    """An S3 additional-checksum header for ``body`` (bytes-like), for a PUT whose caller
+    names no sha256: the server refuses the PUT if the bytes it received differ (S3 and
+    SeaweedFS both check it).  CRC32C where the ``crc32c`` package is installed,
+    CRC32 otherwise.  Integrity in transit only: a chunk's identity is its content
+    address, checked again on every read."""
+    if _crc32c is not None:
+        return "x-amz-checksum-crc32c", \
+            base64.b64encode(_crc32c(body).to_bytes(4, "big")).decode()
+    return "x-amz-checksum-crc32", \
+        base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
 
 
 def _signer_class():
@@ -167,10 +188,17 @@ class ChunkHTTP:
 
     # ---------------------------------------------------------------- requests
 
-    def put(self, key: str, body, sha256: str, if_match: str | None = None) -> str:
+    def put(self, key: str, body, sha256: str | None, if_match: str | None = None) -> str:
         """Store ``body`` (bytes-like) under ``key``; ``sha256`` is its hex digest (sent
-        for the server to verify, and signed).  Returns the new ETag."""
-        headers = {"x-amz-checksum-sha256": b64_digest(sha256)}
+        for the server to verify, and signed).  Without one (a chunk named by another
+        hash) the body is not hashed again: the payload is sent unsigned and a CRC
+        (``transfer_checksum``) lets the server check it.  Returns the new ETag."""
+        if sha256 is not None:
+            headers = {"x-amz-checksum-sha256": b64_digest(sha256)}
+            payload = sha256
+        else:
+            name, value = transfer_checksum(body)
+            headers, payload = {name: value}, UNSIGNED_PAYLOAD
         if if_match is not None:
             headers["If-Match"] = if_match
 
@@ -179,7 +207,7 @@ class ChunkHTTP:
             return response.etag
         # A retry on a fresh connection is safe unless the write was conditional: an
         # unconditional PUT of the same bytes is idempotent.
-        return self._exchange("PUT", key, headers, body, sha256, if_match is None, consume)
+        return self._exchange("PUT", key, headers, body, payload, if_match is None, consume)
 
     def get_into(self, key: str, buffer) -> tuple[int, str]:
         """Receive the object ``key`` into ``buffer`` (a writable bytes-like object):

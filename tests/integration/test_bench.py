@@ -30,6 +30,7 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
                       s3_store.seaweed.endpoint_url, "--rounds", "1", "--big-files", "1",
                       "--big-size", "24", "--small-files", "2", "--quick",
                       "--small-tree", "10",
+                      "--ranks", "2", "--rank-size", "4",
                       "--work-dir", str(work), "--systems", *SYSTEMS,
                       env=s3_store.env, timeout=420)
     assert proc.returncode == 0, proc.stderr
@@ -52,6 +53,17 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
         assert cell("cpu_s_per_gib_write", system) > 0
         assert cell("cpu_s_per_gib_cold_read", system) > 0
     assert rows["cpu_s_per_gib_write"][col["boto3"]] == "-"
+    # The multi-rank save runs on local disk, the passthrough and both ckptfs modes.
+    for system in ("local", "passthrough", "ckptfs-sync", "ckptfs-async"):
+        assert cell("ranks_blocked", system) > 0
+    assert rows["ranks_blocked"][col["boto3"]] == "-"
+    assert "async: 2 ranks blocked / local disk" in proc.stdout
+    # Daemon CPU per GiB written, split by where it went: every chunk was hashed.
+    for system in ("ckptfs-sync", "ckptfs-async"):
+        assert cell("cpu_s_per_gib_write_hash", system) > 0
+        assert cell("cpu_s_per_gib_write_put", system) >= 0
+        cell("cpu_s_per_gib_write_rest", system)       # a number (ticks: may round to 0)
+    assert "sync:   of which naming chunks (hash)" in proc.stdout
     assert "async: blocked / passthrough blocked" in proc.stdout
     assert "sync: durable / parallel boto3 upload" in proc.stdout
     assert "sync: daemon CPU s/GiB write" in proc.stdout

@@ -4,10 +4,10 @@ WARNING naming it, drops the cache file and fetches the chunk again from the sto
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 
+from ckptfs.format.chunkid import chunk_id, chunk_ok, digest_hex
 from support.mounts import eventually
 
 KiB = 1 << 10
@@ -17,7 +17,7 @@ ROTTEN = 2          # the index of the chunk whose cache file rots
 
 
 def _chunks(data: bytes) -> list[str]:
-    return [hashlib.sha256(data[i:i + CHUNK]).hexdigest() for i in range(0, len(data), CHUNK)]
+    return [chunk_id(data[i:i + CHUNK]) for i in range(0, len(data), CHUNK)]
 
 
 def _publish_and_cache(store, make_mount) -> tuple[bytes, list[str], object]:
@@ -33,7 +33,7 @@ def _publish_and_cache(store, make_mount) -> tuple[bytes, list[str], object]:
 
 
 def _cache_file(node, sha: str):
-    return node.state_dir / "cache" / sha[:2] / sha
+    return node.state_dir / "cache" / digest_hex(sha)[:2] / sha
 
 
 def _rot(node, sha: str, at: int = 100) -> None:
@@ -73,8 +73,7 @@ def test_rotten_cache_chunk_is_refetched_by_the_running_daemon(store, make_mount
     assert (b.path / "w.bin").read_bytes() == data
     assert len(_warnings_naming(b, shas[ROTTEN])) == 1
     # The bad cache file was replaced by the good chunk.
-    assert hashlib.sha256(_cache_file(b, shas[ROTTEN]).read_bytes()).hexdigest() == \
-        shas[ROTTEN]
+    assert chunk_ok(_cache_file(b, shas[ROTTEN]).read_bytes(), shas[ROTTEN])
     assert b.stats()["rotten_cache_chunks"] == 1
 
 

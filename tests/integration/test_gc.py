@@ -121,7 +121,7 @@ def test_store_marker_records_chunk_size_and_other_sizes_still_mount(local_store
                                                                       make_mount, caplog):
     first = make_mount(local_store, name="first", extra=("--chunk-size", "16M"))
     marker = json.loads((local_store.root / "ckptfs.json").read_text())
-    assert marker["chunk_size"] == 16 * MiB and marker["format"] == 1
+    assert marker["chunk_size"] == 16 * MiB and marker["format"] == 2
     second = make_mount(local_store, name="second", extra=("--chunk-size", "4M"))
     data = os.urandom(9 * MiB)
     (second.path / "f").write_bytes(data)

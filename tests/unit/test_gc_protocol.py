@@ -4,7 +4,6 @@ placed at exact points of a gc pass through its ``wait`` hook."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -16,12 +15,13 @@ from ckptfs.cluster.gc import GcConflict, collect
 from ckptfs.data.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState,
                              GuardedStore)
 from ckptfs.data.upload import ChunkUploader
+from ckptfs.format.chunkid import chunk_id, chunk_ok
 from ckptfs.format.remote import Entry, chunk_key, entry_key
 from ckptfs.store import LocalStore, NotFound
 
 SETTLE = 0.3
 DATA = b"\0" * (1 << 20)
-SHA = hashlib.sha256(DATA).hexdigest()
+SHA = chunk_id(DATA)      # what the uploader names it (blake3 by default)
 
 
 class Node:
@@ -62,7 +62,7 @@ def chunk_there(store: LocalStore, sha: str) -> bool:
         body, _ = store.get(chunk_key(sha))
     except NotFound:
         return False
-    return hashlib.sha256(body).hexdigest() == sha
+    return chunk_ok(body, sha)
 
 
 def gc(store, **kw):
@@ -224,7 +224,7 @@ def test_unparsable_entry_stops_the_sweep(store, tmp_path, caplog):
 
 def test_chunks_of_a_16m_writer_are_referenced(store, tmp_path):
     big = os.urandom(16 << 20)
-    sha = hashlib.sha256(big).hexdigest()
+    sha = chunk_id(big)
     store.put(chunk_key(sha), big)
     age(store, sha)
     entry = Entry(type="file", mode=0o644, size=len(big), chunks=[(sha, len(big))])

@@ -1,8 +1,9 @@
-"""A reader that reads a published file to its end gets the first chunks of the next
-file of the directory (name order) fetched ahead: checkpoint loaders read a directory's
-shards one after another, and each shard's first fetch was a wait with the CPU idle
-(25-90 ms per file in the bench's cold read, decision 0015).  A reader that jumps
-around gets nothing extra."""
+"""A reader that reads a published file to its end gets the next files of the directory
+fetched ahead, in the order loaders read shards (natural order: ``__10_0`` after
+``__9_0``), one read-ahead window's worth of bytes across as many files as that covers:
+checkpoint loaders read a directory's shards one after another, and each shard's first
+fetch was a wait with the CPU idle (25-90 ms per file in the bench's cold read, decision
+0015).  A reader that jumps around gets nothing extra."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from ckptfs.format.remote import chunk_key
 
 pytestmark = pytest.mark.trio
 CS = 64 << 10
+WINDOW = 8          # read-ahead window, chunks: the bytes fetched past a file's end
 
 
 @pytest.fixture
 def core_config() -> dict:
-    return {"chunk_size": CS}
+    return {"chunk_size": CS, "readahead_chunks": WINDOW}
 
 
 async def remote_files(core, sizes: dict[bytes, int]) -> dict[bytes, int]:
@@ -57,16 +59,35 @@ async def settle(core, inos: dict[bytes, int]) -> None:
     assert not any(core.fs.cache.fetching(sha) for sha in shas)
 
 
-async def test_reading_a_file_to_its_end_fetches_the_next_file_s_first_chunks(core):
+async def test_reading_a_file_to_its_end_fetches_a_window_of_the_next_file(core):
     inos = await remote_files(core, {b"a.bin": 12 * CS, b"b.bin": 12 * CS, b"c.bin": 4 * CS})
     await read_range(core, inos[b"a.bin"], 0, 12 * CS)
     await settle(core, inos)
-    assert fetched(core, inos[b"b.bin"]) == {0, 1}
-    assert fetched(core, inos[b"c.bin"]) == set()      # only the next file, not beyond
+    assert fetched(core, inos[b"b.bin"]) == set(range(WINDOW))
+    assert fetched(core, inos[b"c.bin"]) == set()      # the window ended in b.bin
     calls_before = len(core.store.calls)
-    await read_range(core, inos[b"b.bin"], 0, 2 * CS)   # served from the cache
-    first_two = {chunk_key(sha) for sha, _ in core.fs.ns.get(inos[b"b.bin"]).chunks[:2]}
-    assert not [c for c in core.store.calls[calls_before:] if c.key in first_two]
+    await read_range(core, inos[b"b.bin"], 0, WINDOW * CS)   # served from the cache
+    ahead = {chunk_key(sha) for sha, _ in core.fs.ns.get(inos[b"b.bin"]).chunks[:WINDOW]}
+    assert not [c for c in core.store.calls[calls_before:] if c.key in ahead]
+
+
+async def test_the_window_spans_the_next_files_in_shard_order(core):
+    # Name order would put __10_0 and __11_0 before __2_0; loaders read __2_0 first.
+    inos = await remote_files(core, {b"__2_0.distcp": 4 * CS, b"__10_0.distcp": 4 * CS,
+                                     b"__11_0.distcp": 4 * CS, b"__12_0.distcp": 4 * CS})
+    await read_range(core, inos[b"__2_0.distcp"], 0, 4 * CS)
+    await settle(core, inos)
+    assert fetched(core, inos[b"__10_0.distcp"]) == set(range(4))
+    assert fetched(core, inos[b"__11_0.distcp"]) == set(range(4))
+    assert fetched(core, inos[b"__12_0.distcp"]) == set()     # past the window
+
+
+async def test_small_files_after_a_shard_are_fetched_ahead_together(core):
+    sizes = {b"model-1.bin": 4 * CS} | {f"tok-{i}.json".encode(): CS // 4 for i in range(6)}
+    inos = await remote_files(core, sizes)
+    await read_range(core, inos[b"model-1.bin"], 0, 4 * CS)
+    await settle(core, inos)
+    assert all(fetched(core, inos[f"tok-{i}.json".encode()]) == {0} for i in range(6))
 
 
 async def test_a_reader_that_jumps_around_fetches_nothing_of_other_files(core):
