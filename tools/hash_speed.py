@@ -1,4 +1,4 @@
-"""Hash and checksum CPU per GiB on this machine (docs/notes-hash.md): sha256, BLAKE3,
+"""Hash and checksum CPU per GiB on this machine (decision 0025): sha256, BLAKE3,
 MD5, CRC32, CRC32C over 8 MiB buffers, per-thread CPU time (wall time on a shared VM
 swings with other load)."""
 import hashlib, time, zlib, os, statistics

@@ -6,7 +6,7 @@ one store:
 - ``<64 hex>``: sha256, what format v1 wrote (and what a node with ``chunk_hash =
   sha256`` still writes);
 - ``b3-<64 hex>``: BLAKE3 (256-bit), what format v2 writes by default: about half
-  sha256's CPU per byte on this hardware (docs/notes-hash.md).
+  sha256's CPU per byte on this hardware (decision 0025).
 
 Both are cryptographic: a chunk id is trusted across nodes that do not trust each other's
 bytes, so a fast non-cryptographic hash (xxhash, CRC) is never an identity.  Ids of the

@@ -25,7 +25,7 @@ from .chunkid import digest_hex, is_chunk_id
 
 ROOT_DIR_ID = "root"
 FORMAT_KEY = "ckptfs.json"
-# v2 (decision in docs/notes-hash.md): entries may name BLAKE3 chunks (``b3-`` ids) beside
+# v2 (decision 0025): entries may name BLAKE3 chunks (``b3-`` ids) beside
 # v1's sha256 ones.  A v1 daemon refuses a v2 marker at mount (one line), so it never
 # meets an id it cannot verify; this code reads both.  A store stays v1 until a node
 # that writes BLAKE3 chunks mounts it (node/daemon.py upgrades the marker).

@@ -303,7 +303,7 @@ SETTINGS: tuple[Setting, ...] = (
             "let other users use the mount: auto (on for root or with user_allow_other "
             "in /etc/fuse.conf, else off; default), on, off", "choice",
             ("auto", "on", "off")),
-    # How new chunks are named (format/chunkid.py; docs/notes-hash.md): blake3 costs about
+    # How new chunks are named (format/chunkid.py; decision 0025): blake3 costs about
     # half sha256's CPU per byte; a store's first blake3 chunk needs format v2, which
     # ckptfs releases before it refuse to mount.  sha256 keeps a v1 store v1.
     Setting("chunk_hash", str, "blake3", parse_chunk_hash,
