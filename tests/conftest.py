@@ -26,8 +26,9 @@ from support.mounts import (BUCKET, Mount, StoreSpec, eventually, run_ckptfs,  #
 from support.proxy import FaultProxy  # noqa: E402
 
 # Every integration test fails on an unexpected ERROR or Traceback in a daemon log; the
-# core-coverage figure is printed (and held at its floor) at the end of a run.
-pytest_plugins = ["support.logcheck", "support.coverage_gate"]
+# core-coverage figure is printed (and held at its floor) at the end of a run; the
+# longest test files run first (tests/durations.json).
+pytest_plugins = ["support.logcheck", "support.coverage_gate", "support.schedule"]
 
 
 @pytest.fixture(scope="session")
