@@ -26,9 +26,10 @@ from support.mounts import (BUCKET, Mount, StoreSpec, eventually, run_ckptfs,  #
 from support.proxy import FaultProxy  # noqa: E402
 
 # Every integration test fails on an unexpected ERROR or Traceback in a daemon log; the
-# core-coverage figure is printed (and held at its floor) at the end of a run.
-# pytester runs users' example tests against the ckptfs.testing plugin.
-pytest_plugins = ["support.logcheck", "support.coverage_gate", "pytester"]
+# core-coverage figure is printed (and held at its floor) at the end of a run; the
+# longest test files run first (tests/durations.json); pytester runs users' example
+# tests against the ckptfs.testing plugin.
+pytest_plugins = ["support.logcheck", "support.coverage_gate", "support.schedule", "pytester"]
 
 
 @pytest.fixture(scope="session")

@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh frameworks
-# Two workers, a test file each; extra arguments go to pytest (a file, -k, ...).
+# Two workers, a test file each, the longest files first (tests/support/schedule.py,
+# tests/durations.json); extra arguments go to pytest (a file, -k, ...).
 exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

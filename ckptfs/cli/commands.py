@@ -164,7 +164,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from ..node.config import SETTINGS, ConfigError, load
     from ..errors import MountError
     from ..node.preflight import check_mountpoint
-    from ..store import BadStoreURL, open_store
+    from ..store import BadStoreURL, check_store_url
 
     mountpoint = args.mountpoint.absolute()
     flags = {s.name: getattr(args, s.name) for s in SETTINGS}
@@ -177,7 +177,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     state_dir = Path(settings.state_dir or default_state_dir(mountpoint)).absolute()
     # Cheap checks first, so mistakes fail without a daemon.
     try:
-        open_store(settings.store, settings.endpoint_url, settings.store_timeout)
+        check_store_url(settings.store)
         check_mountpoint(mountpoint)
     except (BadStoreURL, MountError) as exc:
         return fail(str(exc))

@@ -16,11 +16,11 @@ from .memory import Call, Gate, MemoryStore
 from .retrypolicy import RetryPolicy
 from .retry import CountingStore, RetryingStore, StoreStats, store_policy
 from .s3 import S3Store
-from .url import BadStoreURL, open_store
+from .url import BadStoreURL, check_store_url, open_store
 
 __all__ = [
     "AccessDenied", "BucketMissing", "BadStoreURL", "Call", "CountingStore", "Gate", "ListedObject", "LocalStore",
     "MemoryStore", "NotFound", "ObjectStore", "PreconditionFailed", "RetryPolicy",
     "RetryingStore", "S3Store", "StoreClosed", "StoreError", "StoreStats", "StoreTimeout",
-    "TransientStoreError", "is_permanent", "open_store", "store_cause", "store_policy",
+    "TransientStoreError", "check_store_url", "is_permanent", "open_store", "store_cause", "store_policy",
 ]

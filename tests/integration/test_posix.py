@@ -1,5 +1,6 @@
 """Promise 1 on one node: the POSIX surface frameworks use, over a real FUSE mount and
-both LocalStore and SeaweedFS.  Each test also checks what a fresh mount sees."""
+both LocalStore and SeaweedFS.  Each test also checks what a fresh mount sees; those that
+only ask what one node answers without reading the store run on LocalStore alone."""
 
 from __future__ import annotations
 
@@ -126,6 +127,7 @@ def test_rename_directory_over_empty_directory(mnt, make_mount):
     assert (other.path / "ckpt" / "sub" / "w").read_bytes() == b"w"
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_rename_noreplace(mnt):
     (mnt.path / "a").write_bytes(b"A")
     (mnt.path / "b").write_bytes(b"B")
@@ -169,6 +171,7 @@ def test_unlink_rmdir_rmtree(mnt, make_mount):
     assert os.listdir(fresh(make_mount, mnt.store).path) == ["keep"]
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_unlinked_open_file_stays_readable(mnt):
     p = mnt.path / "gone"
     p.write_bytes(b"still here")
@@ -178,6 +181,7 @@ def test_unlinked_open_file_stays_readable(mnt):
     assert not p.exists()
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_stat_stable_inodes_samefile(mnt):
     p = mnt.path / "s"
     p.write_bytes(b"1")
@@ -216,6 +220,7 @@ def test_symlinks(mnt, make_mount):
         assert os.lstat(root / "link").st_size == len("target")
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_foreign_xattr_namespaces_enotsup(mnt):
     """user.* is stored (test_posix_more.py); other namespaces are not."""
     p = mnt.path / "x"
@@ -277,6 +282,7 @@ def test_concurrent_makedirs_from_processes(mnt, make_mount):
     assert os.listdir(other.path / "a") == ["b"]
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_errors_are_errnos(mnt):
     with pytest.raises(FileNotFoundError):
         (mnt.path / "missing").read_bytes()

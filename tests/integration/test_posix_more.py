@@ -1,6 +1,7 @@
 """Promise 1, the rest of POSIX (issue 10): special files, link counts, hard links,
 ``user.*`` extended attributes, RENAME_EXCHANGE, EFBIG, fallocate — over a real FUSE
-mount on LocalStore and SeaweedFS, each checked from a fresh mount (another node) too."""
+mount on LocalStore and SeaweedFS, each checked from a fresh mount (another node) too.
+What one node answers without reading the store runs on LocalStore only."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ def test_special_files_are_entries_seen_by_a_fresh_mount(mnt, make_mount):
     assert eventually(lambda: os.listdir(other.path) == [])
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_a_fifo_carries_bytes_between_processes_of_the_node(mnt):
     os.mkfifo(mnt.path / "pipe")
     got = []
@@ -78,6 +80,7 @@ def test_a_fifo_carries_bytes_between_processes_of_the_node(mnt):
     assert got == [b"through the pipe"]
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_mknod_checks_the_name_before_the_type(mnt):
     with pytest.raises(OSError) as info:
         os.mknod(mnt.path / ("x" * 256), 0o644 | stat.S_IFIFO)
@@ -109,6 +112,7 @@ def test_directory_link_count_is_two_plus_subdirectories(mnt, make_mount):
     assert os.stat(other.path).st_nlink == 4
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_an_unlinked_open_file_has_no_links(mnt):
     p = mnt.path / "gone"
     p.write_bytes(b"x")
@@ -124,6 +128,7 @@ def test_an_unlinked_open_file_has_no_links(mnt):
 
 # ---------------------------------------------------------------- truncate, fallocate
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_truncate_to_an_impossible_size_is_efbig_without_a_traceback(mnt):
     p = mnt.path / "f"
     p.write_bytes(b"data")
@@ -135,6 +140,7 @@ def test_truncate_to_an_impossible_size_is_efbig_without_a_traceback(mnt):
     assert "Traceback" not in log
 
 
+@pytest.mark.parametrize("store", ["local"], indirect=True)   # one node: no store read
 def test_fallocate(mnt):
     """pyfuse3 3.5 does not expose FUSE_FALLOCATE: libfuse answers ENOSYS and the kernel
     turns that into EOPNOTSUPP for fallocate(2); glibc's posix_fallocate then writes

@@ -1,13 +1,15 @@
 """Real ckptfs mounts started through the CLI exactly as a user would, the stores they
 use, and waiting for another mount to catch up.
 
-Knows ckptfs only through its command line, its status JSON and its stats xattr.
+Knows ckptfs only through its command line, its status document (over the control
+socket, with ckptfs's client API) and its stats xattr.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ckptfs.bench.seaweed import SeaweedServer
+from ckptfs.cli.api import request
 
 from support.proxy import FaultProxy
 
@@ -90,14 +93,22 @@ class Mount:
         full_env.update(env or {})
         if faults is not None:
             full_env["CKPTFS_FAULTS"] = json.dumps(faults)
-        run_ckptfs("mount", str(self.path), "--store", self.store.url, "--state-dir",
-                   str(self.state_dir), "--durability", durability, *extra, env=full_env,
-                   check=True, preexec_fn=preexec_fn)
-        self.pid = self.status()["pid"]
+        proc = run_ckptfs("mount", str(self.path), "--store", self.store.url, "--state-dir",
+                          str(self.state_dir), "--durability", durability, *extra,
+                          env=full_env, check=True, preexec_fn=preexec_fn)
+        # "ckptfs: mounted URL on PATH (pid N, log FILE)": no `ckptfs status` process to
+        # start (test_status checks that status names the same pid).
+        found = re.search(r"\(pid (\d+), log ", proc.stdout)
+        assert found, f"ckptfs mount did not name the daemon's pid: {proc.stdout!r}"
+        self.pid = int(found.group(1))
 
     def status(self) -> dict:
-        proc = run_ckptfs("status", "--json", str(self.path), check=True)
-        return json.loads(proc.stdout)
+        """The daemon's status document: what ``ckptfs status --json`` prints, asked over
+        the control socket from this process (polled often: a ``ckptfs`` process per
+        call cost a second or more on a loaded machine; test_status runs the command)."""
+        replies = list(request(self.path, {"cmd": "status"}, timeout=60))
+        assert len(replies) == 1 and not replies[0].get("error"), replies
+        return replies[0]
 
     def stats(self) -> dict:
         return json.loads(os.getxattr(self.path, "user.ckptfs.stats"))
