@@ -134,9 +134,9 @@ def _fdinfo(pid: int, fd: str) -> dict[bytes, int] | None:
     return out
 
 
-def device_of_mount(mount_path: bytes) -> bytes | None:
-    """``major:minor`` of the mount at ``mount_path`` in this process's namespace, from
-    ``/proc/self/mountinfo`` (never a stat of the mount itself: that would ask us)."""
+def _top_mount(mount_path: bytes) -> list[bytes] | None:
+    """The fields of ``/proc/self/mountinfo``'s line for the mount on top at
+    ``mount_path`` (the last one wins), or None (nothing there, or unreadable)."""
     try:
         with open("/proc/self/mountinfo", "rb") as f:
             lines = f.read().splitlines()
@@ -146,25 +146,25 @@ def device_of_mount(mount_path: bytes) -> bytes | None:
     for line in lines:
         fields = line.split()
         if len(fields) > 4 and _unescape(fields[4]) == mount_path:
-            found = fields[2]   # the last one wins: the mount on top
+            found = fields
     return found
+
+
+def device_of_mount(mount_path: bytes) -> bytes | None:
+    """``major:minor`` of the mount at ``mount_path`` in this process's namespace, from
+    ``/proc/self/mountinfo`` (never a stat of the mount itself: that would ask us)."""
+    fields = _top_mount(mount_path)
+    return fields[2] if fields is not None else None
 
 
 def fstype_of_mount(mount_path: bytes) -> str | None:
     """The file system type (``fuse.ckptfs``, ``ext4``, ...) of the mount on top at
     ``mount_path`` in this process's namespace, from ``/proc/self/mountinfo``; None if
     nothing is mounted there (or mountinfo cannot be read)."""
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    fields = _top_mount(mount_path)
+    if fields is None or b"-" not in fields[5:]:
         return None
-    found = None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 4 and _unescape(fields[4]) == mount_path and b"-" in fields[5:]:
-            found = fields[fields.index(b"-", 5) + 1].decode(errors="replace")
-    return found
+    return fields[fields.index(b"-", 5) + 1].decode(errors="replace")
 
 
 def _unescape(field: bytes) -> bytes:
