@@ -6,10 +6,11 @@ counting proxy, then for each node count and each mode starts N fresh mounts (ow
 dirs) whose store traffic goes through a byte-counting TCP proxy, reads the file on all
 of them at once, checks every node's bytes, and prints one row: nodes, peers on/off,
 bytes the store served / checkpoint size, wall seconds until the last node finished.
-With ``--kill`` one extra peer node is SIGKILLed as soon as the others start reading.
+With ``--kill`` one extra peer node is SIGKILLed as soon as the others start reading;
+``--fanout K`` sets the peers' ``--peer-fanout`` (K < N − 1 makes relays serve: the second hop).
 
     PYTHONPATH=. .venv/bin/python tools/peer_restore.py [--size-mib 64] [--chunk 1M]
-        [--nodes 1,2,4] [--kill]
+        [--nodes 1,2,4] [--kill] [--fanout K]
 
 Root is needed (FUSE mounts).  Numbers on a shared machine are noisy: compare the
 rows of one run.
@@ -72,6 +73,7 @@ def run(args) -> None:
     env["AWS_ENDPOINT_URL"] = proxy.endpoint_url
     counted = StoreSpec("s3", url, env=env, seaweed=server, proxy=proxy)
     common = ["--chunk-size", args.chunk, "--lease-ttl", "3"]
+    fanout = ["--peer-fanout", str(args.fanout)] if args.fanout else []
     mounts: list[Mount] = []
     try:
         writer = Mount(work, direct, "writer")
@@ -89,8 +91,8 @@ def run(args) -> None:
                 extra_nodes = 1 if (peers and args.kill) else 0
                 group = [Mount(work, counted, f"{tag}-{i}") for i in range(n + extra_nodes)]
                 mounts.extend(group)
-                start_all(group, [common + (["--peer-listen", f"127.0.0.1:{free_port()}"]
-                                            if peers else []) for _ in group])
+                start_all(group, [common + (["--peer-listen", f"127.0.0.1:{free_port()}",
+                                             *fanout] if peers else []) for _ in group])
                 if peers:
                     for m in group:
                         eventually(lambda m=m: m.status()["peers"]["alive"] >= len(group) - 1,
@@ -133,6 +135,8 @@ def main() -> None:
     p.add_argument("--chunk", default="1M")
     p.add_argument("--nodes", default="1,2,4",
                    type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--fanout", type=int, default=0,
+                   help="--peer-fanout of the peer nodes (default: the setting's default)")
     p.add_argument("--kill", action="store_true",
                    help="SIGKILL one extra peer node as the others start reading")
     run(p.parse_args())
