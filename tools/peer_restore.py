@@ -5,7 +5,8 @@ Starts a private SeaweedFS, writes one checkpoint file through a mount beside th
 counting proxy, then for each node count and each mode starts N fresh mounts (own state
 dirs) whose store traffic goes through a byte-counting TCP proxy, reads the file on all
 of them at once, checks every node's bytes, and prints one row: nodes, peers on/off,
-bytes the store served / checkpoint size, wall seconds until the last node finished.
+bytes the store served / checkpoint size, wall seconds until the last node finished,
+bytes served by relays (the second hop) / checkpoint size.
 With ``--kill`` one extra peer node is SIGKILLed as soon as the others start reading;
 ``--fanout K`` sets the peers' ``--peer-fanout`` (K < N − 1 makes relays serve: the second hop).
 
@@ -84,7 +85,8 @@ def run(args) -> None:
         (writer.path / "model.bin").write_bytes(data)
         del data
         writer.stop()
-        print(f"{'nodes':>5} {'peers':>5} {'store/size':>10} {'seconds':>8}", flush=True)
+        print(f"{'nodes':>5} {'peers':>5} {'store/size':>10} {'seconds':>8} "
+              f"{'relayed/size':>12}", flush=True)
         for n in args.nodes:
             for peers in (False, True):
                 tag = f"n{n}{'p' if peers else 's'}"
@@ -116,8 +118,11 @@ def run(args) -> None:
                     t.join()
                 wall = time.monotonic() - t0
                 ok = all(results.get(m.path) == want for m in readers)
+                relayed = sum(m.status()["peers"]["serve"].get("relayed_bytes", 0)
+                              for m in readers) if peers else 0
                 print(f"{n:>5} {'on' if peers else 'off':>5} "
-                      f"{proxy.bytes_down / (args.size_mib * MiB):>10.3f} {wall:>8.2f}"
+                      f"{proxy.bytes_down / (args.size_mib * MiB):>10.3f} {wall:>8.2f} "
+                      f"{relayed / (args.size_mib * MiB):>12.3f}"
                       f"{'' if ok else '  WRONG BYTES'}", flush=True)
                 for m in readers:
                     m.stop()
