@@ -109,22 +109,30 @@ class PeerServer:
             self.stats.failed += 1
             await stream.send_all(response_head("503 Service Unavailable"))
             return
+        if await self._send(stream, chunk, length, use_source=role == "relay") \
+                and role == "relay":
+            self.stats.relayed += 1
+            self.stats.relayed_bytes += length
+
+    async def _send(self, stream: trio.SocketStream, chunk: str, length: int,
+                    use_source: bool) -> bool:
+        """Send the chunk from the cache (fetched first if need be): True if it went."""
         self.cache.pin(chunk)
         try:
             try:
-                path = await self.cache.ensure(chunk, length, use_source=role == "relay")
+                path = await self.cache.ensure(chunk, length, use_source=use_source)
                 fd = os.open(path, os.O_RDONLY)
             except (FsError, OSError) as exc:
                 self.stats.failed += 1
                 log.info("peer asked for chunk %s: cannot serve it: %s", chunk[:12], exc)
                 await stream.send_all(response_head("503 Service Unavailable"))
-                return
+                return False
             try:
                 size = os.fstat(fd).st_size
                 if size != length:
                     self.stats.failed += 1
                     await stream.send_all(response_head("404 Not Found"))
-                    return
+                    return False
                 with trio.fail_after(SEND_TIMEOUT):
                     await stream.send_all(response_head("200 OK", length))
                     sent = 0
@@ -138,14 +146,12 @@ class PeerServer:
             finally:
                 os.close(fd)
         except trio.TooSlowError:
-            return
+            return False
         finally:
             self.cache.unpin(chunk)
         self.stats.chunks += 1
         self.stats.bytes += length
-        if role == "relay":
-            self.stats.relayed += 1
-            self.stats.relayed_bytes += length
+        return True
 
     def _refuse(self, why: str) -> None:
         self.stats.refused += 1
