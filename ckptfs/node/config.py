@@ -320,8 +320,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the HOST:PORT other nodes reach this node's peer server at (default: "
             "--peer-listen)"),
     Setting("peer_timeout", float, 10.0, _seconds(0.1, 3600.0),
-            "seconds a chunk from a peer may take before the store is asked instead "
-            "(default 10)"),
+            "seconds a chunk from a peer may take (from a relay: twice that) before the "
+            "next peer or the store is asked (default 10)"),
     # Above this many askers a chunk's owner serves ceil(sqrt(askers)) relays, which
     # serve the rest (the second hop: cluster/peer_route.py).
     Setting("peer_fanout", int, 8, parse_positive_int,
