@@ -5,11 +5,13 @@ Starts a private SeaweedFS, writes one checkpoint file through a mount beside th
 counting proxy, then for each node count and each mode starts N fresh mounts (own state
 dirs) whose store traffic goes through a byte-counting TCP proxy, reads the file on all
 of them at once, checks every node's bytes, and prints one row: nodes, peers on/off,
-bytes the store served / checkpoint size, wall seconds until the last node finished.
-With ``--kill`` one extra peer node is SIGKILLed as soon as the others start reading.
+bytes the store served / checkpoint size, wall seconds until the last node finished,
+bytes served by relays (the second hop) / checkpoint size.
+With ``--kill`` one extra peer node is SIGKILLed as soon as the others start reading;
+``--fanout K`` sets the peers' ``--peer-fanout`` (K < N − 1 makes relays serve: the second hop).
 
     PYTHONPATH=. .venv/bin/python tools/peer_restore.py [--size-mib 64] [--chunk 1M]
-        [--nodes 1,2,4] [--kill]
+        [--nodes 1,2,4] [--kill] [--fanout K]
 
 Root is needed (FUSE mounts).  Numbers on a shared machine are noisy: compare the
 rows of one run.
@@ -72,6 +74,7 @@ def run(args) -> None:
     env["AWS_ENDPOINT_URL"] = proxy.endpoint_url
     counted = StoreSpec("s3", url, env=env, seaweed=server, proxy=proxy)
     common = ["--chunk-size", args.chunk, "--lease-ttl", "3"]
+    fanout = ["--peer-fanout", str(args.fanout)] if args.fanout else []
     mounts: list[Mount] = []
     try:
         writer = Mount(work, direct, "writer")
@@ -82,15 +85,16 @@ def run(args) -> None:
         (writer.path / "model.bin").write_bytes(data)
         del data
         writer.stop()
-        print(f"{'nodes':>5} {'peers':>5} {'store/size':>10} {'seconds':>8}", flush=True)
+        print(f"{'nodes':>5} {'peers':>5} {'store/size':>10} {'seconds':>8} "
+              f"{'relayed/size':>12}", flush=True)
         for n in args.nodes:
             for peers in (False, True):
                 tag = f"n{n}{'p' if peers else 's'}"
                 extra_nodes = 1 if (peers and args.kill) else 0
                 group = [Mount(work, counted, f"{tag}-{i}") for i in range(n + extra_nodes)]
                 mounts.extend(group)
-                start_all(group, [common + (["--peer-listen", f"127.0.0.1:{free_port()}"]
-                                            if peers else []) for _ in group])
+                start_all(group, [common + (["--peer-listen", f"127.0.0.1:{free_port()}",
+                                             *fanout] if peers else []) for _ in group])
                 if peers:
                     for m in group:
                         eventually(lambda m=m: m.status()["peers"]["alive"] >= len(group) - 1,
@@ -114,8 +118,11 @@ def run(args) -> None:
                     t.join()
                 wall = time.monotonic() - t0
                 ok = all(results.get(m.path) == want for m in readers)
+                relayed = sum(m.status()["peers"]["serve"].get("relayed_bytes", 0)
+                              for m in readers) if peers else 0
                 print(f"{n:>5} {'on' if peers else 'off':>5} "
-                      f"{proxy.bytes_down / (args.size_mib * MiB):>10.3f} {wall:>8.2f}"
+                      f"{proxy.bytes_down / (args.size_mib * MiB):>10.3f} {wall:>8.2f} "
+                      f"{relayed / (args.size_mib * MiB):>12.3f}"
                       f"{'' if ok else '  WRONG BYTES'}", flush=True)
                 for m in readers:
                     m.stop()
@@ -133,6 +140,8 @@ def main() -> None:
     p.add_argument("--chunk", default="1M")
     p.add_argument("--nodes", default="1,2,4",
                    type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--fanout", type=int, default=0,
+                   help="--peer-fanout of the peer nodes (default: the setting's default)")
     p.add_argument("--kill", action="store_true",
                    help="SIGKILL one extra peer node as the others start reading")
     run(p.parse_args())

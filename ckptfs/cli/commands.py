@@ -218,7 +218,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 # The settings MountOptions takes as they are (the core's go in through Config).
 DAEMON_SETTINGS = ("endpoint_url", "single_writer", "metrics_address", "retention",
-                   "s3_client", "peer_listen", "peer_advertise", "peer_timeout",
+                   "s3_client", "peer_listen", "peer_advertise", "peer_timeout", "peer_fanout",
                    "allow_other")
 
 

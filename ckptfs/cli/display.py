@@ -50,8 +50,10 @@ def peers_text(peers: dict) -> str:
             f"chunks from peers {human_bytes(peers.get('bytes_from_peers', 0))}, "
             f"from the store {human_bytes(peers.get('bytes_from_store', 0))}; "
             f"{fetch.get('errors', 0)} peer error(s), {fetch.get('wrong', 0)} wrong "
-            f"chunk(s); served {human_bytes(serve.get('bytes', 0))}, refused "
-            f"{serve.get('refused', 0)}"
+            f"chunk(s); served {human_bytes(serve.get('bytes', 0))}"
+            + (f" (relayed {human_bytes(serve['relayed_bytes'])})"
+               if serve.get("relayed_bytes") else "")
+            + f", refused {serve.get('refused', 0)}"
             + (f"; membership failing: {peers['last_error']}"
                if peers.get("last_error") else ""))
 

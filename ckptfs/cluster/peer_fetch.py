@@ -1,13 +1,16 @@
-"""Fetching a chunk from its owner among the peers (the cache's ``ChunkSource``).
+"""Fetching a chunk from the peers (the cache's ``ChunkSource``).
 
-Asks the chunk's owner (peer_members.Membership.owner) once, signed (peer_auth.py),
-within ``timeout`` seconds for the whole answer, straight into the cache's buffer; the
-bytes count only if the cache's own check passes (run in a worker thread).  Anything
-else — no owner but this node, a refused connection, a timeout, a broken answer, wrong
-bytes — returns False and the cache goes to the store: a bad peer costs at most one
-store fetch per chunk.  A peer that failed or lied is rested (its share goes to the
-next member meanwhile) and named in one WARNING; a peer that honestly could not get
-the chunk (503) is not.
+Asks whom peer_route.py names for the chunk — its owner, or with many nodes one of its
+relays (the second hop) — signed (peer_auth.py), within ``timeout`` seconds for the whole
+answer (twice that from a relay, which may itself wait on the owner), straight into the
+cache's buffer; the bytes count only if the cache's own check passes (run in a worker
+thread).  Anything else — a refused connection, a timeout, a broken answer, wrong bytes,
+a 503 — and it asks the next peer of the route (at most one more), then returns False
+and the cache goes to the store: a bad peer costs each asker at most one more fetch per
+chunk, and mostly a peer's, not the store's.  No peer to ask (this node owns the chunk,
+or is alone): False at once.  A peer that failed or lied is rested (not asked
+meanwhile) and named in one WARNING; a peer that honestly could not get the chunk (503)
+is not.
 
 Knows the wire, the signatures and membership; nothing of the cache's files.
 """
@@ -24,7 +27,7 @@ import trio
 
 from . import peer_auth
 from .peer_members import REST, Membership, Peer
-from .peer_wire import WireError, parse_head, read_head, request_line
+from .peer_wire import RELAY_HEADER, RELAY_METHOD, WireError, parse_head, read_head, request_line
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class FetchStats:
     errors: int = 0          # no answer in time, connection failed, protocol broken
     wrong: int = 0           # bytes that failed the check (a lying or rotten peer)
     misses: int = 0          # the peer could not get the chunk (503/404)
+    via_relay: int = 0       # of ``chunks``: from a relay (the second hop), not the owner
+    second_tries: int = 0    # of ``chunks``: from the next peer after the first failed
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -55,12 +60,23 @@ class PeerSource:
 
     async def fetch(self, sha: str, length: int, buf: mmap.mmap,
                     check: Callable[[memoryview], bool]) -> bool:
-        peer = self.members.owner(sha)
-        if peer is None:
-            return False
+        route, live = self.members.route(sha)
+        for tried, (node, relay) in enumerate(route.asks):
+            peer = live[node]
+            if await self._try(peer, relay, sha, length, buf, check):
+                self.stats.chunks += 1
+                self.stats.bytes += length
+                self.stats.via_relay += relay
+                self.stats.second_tries += tried > 0
+                return True
+        return False
+
+    async def _try(self, peer: Peer, relay: bool, sha: str, length: int, buf: mmap.mmap,
+                   check: Callable[[memoryview], bool]) -> bool:
+        """One ask: True if ``peer`` gave the chunk and it checked good."""
         try:
-            with trio.fail_after(self.timeout):
-                answered = await self._get(peer, sha, length, buf)
+            with trio.fail_after(self.timeout * (2 if relay else 1)):
+                answered = await self._get(peer, relay, sha, length, buf)
         except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
                 OSError, WireError, ValueError) as exc:
             why = "no answer in time" if isinstance(exc, trio.TooSlowError) else str(exc)
@@ -79,27 +95,29 @@ class PeerSource:
             self.stats.wrong += 1
             self._rest(peer, f"served chunk {sha} with bytes that fail its hash: ignored")
             return False
-        self.stats.chunks += 1
-        self.stats.bytes += length
         return True
 
     def _rest(self, peer: Peer, what: str) -> None:
         self.members.rest(peer)
-        log.warning("peer %s at %s %s; fetching from the store, resting the peer %.0f s",
+        log.warning("peer %s at %s %s; asking the next peer or the store, resting the "
+                    "peer %.0f s",
                     peer.node, peer.address, what, REST)
 
-    async def _get(self, peer: Peer, sha: str, length: int, buf: mmap.mmap) -> bool:
+    async def _get(self, peer: Peer, relay: bool, sha: str, length: int,
+                   buf: mmap.mmap) -> bool:
         """Receive the chunk into ``buf``: True, or False if the peer says it cannot
         serve it; raises for anything broken."""
         host, port = split_address(peer.address)
         stream = await trio.open_tcp_stream(host, port)
         async with stream:
             when = f"{self.clock():.3f}"
-            sig = peer_auth.sign(self.secret, "GET", sha, length, when, self.node)
+            sig = peer_auth.sign(self.secret, RELAY_METHOD if relay else "GET", sha, length,
+                                 when, self.node)
             await stream.send_all((
                 f"{request_line(sha, length)}\r\nHost: {peer.address}\r\n"
                 f"X-Ckptfs-Node: {self.node}\r\nX-Ckptfs-Time: {when}\r\n"
-                f"X-Ckptfs-Signature: {sig}\r\nConnection: close\r\n\r\n").encode())
+                f"X-Ckptfs-Signature: {sig}\r\n{RELAY_HEADER if relay else ''}"
+                f"Connection: close\r\n\r\n").encode())
             head, rest = await read_head(stream)
             line, fields = parse_head(head)
             parts = line.split(" ", 2)

@@ -12,15 +12,15 @@ earlier boots are its own to delete.
 
 Placement is rendezvous hashing over the live peers and this node: each chunk's owner is
 the member with the highest hash of (node id, chunk id), so a member's death moves only
-its share.  A peer that failed or lied is *rested* for ``REST`` seconds: the next member
-in the chunk's ranking owns its share meanwhile.
+its share; above ``fanout`` askers the next-ranked members relay it (peer_route.py).  A
+peer that failed or lied is *rested* for ``REST`` seconds: it is not asked meanwhile
+(the next member in the chunk's ranking is).
 
 Knows the store's keys and listing; nothing of sockets, the cache or signatures.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -29,6 +29,9 @@ from urllib.parse import quote, unquote
 
 from ..store import ListedObject, ObjectStore
 from .leases_common import DEAD_FACTOR
+from .peer_route import Route, route, score
+
+__all__ = ["Membership", "Peer", "peer_key", "parse_key", "score", "REST"]
 
 PEER_ROOT = "peers/"
 FORGET_FACTOR = 10.0        # dead this many ttl: its key is deleted
@@ -59,22 +62,18 @@ def parse_key(key: str) -> tuple[str, str, str] | None:
     return parts[0], parts[1], unquote(parts[2])
 
 
-def score(node: str, chunk: str) -> int:
-    digest = hashlib.blake2b(f"{node}\0{chunk}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
 class Membership:
     """This node's member key and its view of the others."""
 
     def __init__(self, store: ObjectStore, node: str, boot: str, address: str, ttl: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fanout: int = 8) -> None:
         self.store = store
         self.node = node
         self.boot = boot
         self.address = address
         self.ttl = ttl
         self.clock = clock
+        self.fanout = fanout
         self.key = peer_key(node, boot, address)
         self.seq = 0
         self.peers: dict[str, Peer] = {}         # key -> peer (not this node)
@@ -154,6 +153,14 @@ class Membership:
         if not ranked or (mine, self.node) > ranked[0][:2]:
             return None
         return ranked[0][2]
+
+    def route(self, chunk: str) -> tuple[Route, dict[str, Peer]]:
+        """This node's role for ``chunk``, whom to ask in order (peer_route.py), and the
+        live peers by node id."""
+        now = self.clock()
+        live = {p.node: p for p in self.live()}
+        rested = {n for n, p in live.items() if p.rested_until > now}
+        return route(chunk, self.node, list(live), rested, self.fanout), live
 
     def rest(self, peer: Peer) -> None:
         peer.rested_until = self.clock() + REST

@@ -3,7 +3,12 @@
 A request signed with the cluster secret (peer_auth.py) for chunk C of length n gets
 C's bytes from this node's verified cache; a chunk not cached yet is fetched from the
 store first — one flight however many peers ask (``ChunkCache.ensure`` with
-``use_source=False``: a node serving another never asks a third).  An unsigned, badly
+``use_source=False``: a node serving another never asks a third).  Except when asked
+as the chunk's relay (``X-Ckptfs-Relay``, the second hop): then, if ``role`` (a
+collaborator: this node's role for the chunk, peer_route.py) says it is a relay, it
+fetches through its cache's source (→ the owner; single flight too); if it says it is
+the owner, from the store as ever; a leaf that has not got the chunk answers ``503``
+(it would need a second relay: the asker goes to the owner).  An unsigned, badly
 signed or stale request gets ``403`` and nothing else.  Bounded like the control socket:
 at most ``max_conns`` connections (the next ones are closed at once), a head of at most
 ``MAX_HEAD`` bytes read within ``HEAD_TIMEOUT``, lengths up to ``MAX_CHUNK_SIZE``, and
@@ -27,7 +32,7 @@ from ..data.cache import ChunkCache
 from ..errors import FsError
 from ..format.remote import MAX_CHUNK_SIZE
 from . import peer_auth
-from .peer_wire import WireError, parse_head, parse_request_line, read_head, response_head
+from .peer_wire import RELAY_METHOD, WireError, parse_head, parse_request_line, read_head, response_head
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +49,16 @@ class ServeStats:
     refused: int = 0         # not signed right (403)
     turned_away: int = 0     # over the connection bound
     failed: int = 0          # could not get the chunk (503)
+    relayed: int = 0         # of ``chunks``: served as a relay, this node not the owner
+    relayed_bytes: int = 0
 
 
 class PeerServer:
     def __init__(self, cache: ChunkCache, secret: bytes, max_conns: int = 32,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 role: Callable[[str], str] = lambda chunk: "owner") -> None:
         self.cache = cache
+        self.role = role
         self.secret = secret
         self.max_conns = max_conns
         self.clock = clock
@@ -84,7 +93,8 @@ class PeerServer:
             self._refuse(f"malformed request ({exc})")
             await stream.send_all(response_head("400 Bad Request"))
             return
-        why = peer_auth.check(self.secret, "GET", chunk, length,
+        relay = fields.get("x-ckptfs-relay") == "1"
+        why = peer_auth.check(self.secret, RELAY_METHOD if relay else "GET", chunk, length,
                               fields.get("x-ckptfs-time", ""),
                               fields.get("x-ckptfs-node", ""),
                               fields.get("x-ckptfs-signature", ""), self.clock())
@@ -94,22 +104,35 @@ class PeerServer:
             self._refuse(why)
             await stream.send_all(response_head("403 Forbidden"))
             return
+        role = self.role(chunk) if relay else "owner"
+        if role == "leaf" and not self.cache.has(chunk):
+            self.stats.failed += 1
+            await stream.send_all(response_head("503 Service Unavailable"))
+            return
+        if await self._send(stream, chunk, length, use_source=role == "relay") \
+                and role == "relay":
+            self.stats.relayed += 1
+            self.stats.relayed_bytes += length
+
+    async def _send(self, stream: trio.SocketStream, chunk: str, length: int,
+                    use_source: bool) -> bool:
+        """Send the chunk from the cache (fetched first if need be): True if it went."""
         self.cache.pin(chunk)
         try:
             try:
-                path = await self.cache.ensure(chunk, length, use_source=False)
+                path = await self.cache.ensure(chunk, length, use_source=use_source)
                 fd = os.open(path, os.O_RDONLY)
             except (FsError, OSError) as exc:
                 self.stats.failed += 1
                 log.info("peer asked for chunk %s: cannot serve it: %s", chunk[:12], exc)
                 await stream.send_all(response_head("503 Service Unavailable"))
-                return
+                return False
             try:
                 size = os.fstat(fd).st_size
                 if size != length:
                     self.stats.failed += 1
                     await stream.send_all(response_head("404 Not Found"))
-                    return
+                    return False
                 with trio.fail_after(SEND_TIMEOUT):
                     await stream.send_all(response_head("200 OK", length))
                     sent = 0
@@ -123,11 +146,12 @@ class PeerServer:
             finally:
                 os.close(fd)
         except trio.TooSlowError:
-            return
+            return False
         finally:
             self.cache.unpin(chunk)
         self.stats.chunks += 1
         self.stats.bytes += length
+        return True
 
     def _refuse(self, why: str) -> None:
         self.stats.refused += 1

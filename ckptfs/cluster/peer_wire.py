@@ -4,10 +4,14 @@
     X-Ckptfs-Node: <asking node id>
     X-Ckptfs-Time: <unix seconds, the asker's clock>
     X-Ckptfs-Signature: <hex HMAC-SHA256, peer_auth.sign>
+    [X-Ckptfs-Relay: 1]
     Connection: close
 
 answered ``200`` with exactly ``n`` bytes, ``404``/``503`` (the server could not get the
-chunk: ask the store), or ``403`` with no body (not signed right).  One request per
+chunk: ask the next peer or the store), or ``403`` with no body (not signed right).
+``X-Ckptfs-Relay: 1`` (signed: the method signed is then ``RELAY``) asks the server to
+act as the chunk's relay — fetch it from its owner if it has not got it; without it a
+server fetches only from the store, so no request goes further than two hops.  One request per
 connection.  Heads are bounded (``MAX_HEAD``) and read under a deadline by both sides.
 
 Knows bytes and trio streams; nothing of the cache, the store or membership.
@@ -21,6 +25,8 @@ import trio
 
 MAX_HEAD = 4096
 CHUNK_ID = re.compile(r"^[A-Za-z0-9:_.-]{8,160}$")
+RELAY_HEADER = "X-Ckptfs-Relay: 1\r\n"
+RELAY_METHOD = "RELAY"          # what a relay request's signature covers instead of GET
 _PATH = re.compile(r"^/chunk/([^/?]+)\?length=(\d{1,12})$")
 
 

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class Peers:
     def __init__(self, store: ObjectStore, cache: ChunkCache, node: str, listen: str,
-                 advertise: str | None, ttl: float, timeout: float) -> None:
+                 advertise: str | None, ttl: float, timeout: float, fanout: int = 8) -> None:
         self.store = store
         self.cache = cache
         self.node = node
@@ -39,7 +39,8 @@ class Peers:
         self.advertise = advertise or listen
         self.ttl = ttl
         self.timeout = timeout
-        self.members = Membership(store, node, uuid.uuid4().hex[:12], self.advertise, ttl)
+        self.members = Membership(store, node, uuid.uuid4().hex[:12], self.advertise, ttl,
+                                  fanout=fanout)
         self.server: PeerServer | None = None
         self.source: PeerSource | None = None
         self.failures = 0              # renewals or listings that failed in a row
@@ -63,7 +64,8 @@ class Peers:
                 log.warning("peers: cannot read the cluster secret (%s); no peer fetches "
                             "until it can be read, retrying in %.0f s", exc, interval)
                 await trio.sleep(interval)
-        self.server = PeerServer(self.cache, secret)
+        self.server = PeerServer(self.cache, secret,
+                                 role=lambda chunk: self.members.route(chunk)[0].role)
         self.source = PeerSource(self.members, secret, self.node, self.timeout)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.server.serve, listeners)
@@ -109,6 +111,7 @@ class Peers:
         return {"listen": self.listen, "advertise": self.advertise,
                 "node": self.node, "key": self.members.key,
                 "alive": len(self.members.live()),
+                "fanout": self.members.fanout,
                 "peers": self.members.report(),
                 "bytes_from_peers": self.cache.bytes_from_source,
                 "bytes_from_store": self.cache.bytes_from_store,

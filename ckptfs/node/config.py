@@ -320,8 +320,13 @@ SETTINGS: tuple[Setting, ...] = (
             "the HOST:PORT other nodes reach this node's peer server at (default: "
             "--peer-listen)"),
     Setting("peer_timeout", float, 10.0, _seconds(0.1, 3600.0),
-            "seconds a chunk from a peer may take before the store is asked instead "
-            "(default 10)"),
+            "seconds a chunk from a peer may take (from a relay: twice that) before the "
+            "next peer or the store is asked (default 10)"),
+    # Above this many askers a chunk's owner serves ceil(sqrt(askers)) relays, which
+    # serve the rest (the second hop: cluster/peer_route.py).
+    Setting("peer_fanout", int, 8, parse_positive_int,
+            "nodes that ask a chunk's owner directly; with more, the next-ranked nodes "
+            "relay it to the others (default 8)"),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 # Read from the environment by others, not settings (tests' fault injection).
@@ -369,6 +374,7 @@ class Settings:
     peer_listen: str | None = _default("peer_listen")
     peer_advertise: str | None = _default("peer_advertise")
     peer_timeout: float = _default("peer_timeout")
+    peer_fanout: int = _default("peer_fanout")
     profiles: Profiles = field(default_factory=Profiles)
     retention: tuple[Rule, ...] = ()        # one per [[retention]]
 

@@ -65,6 +65,7 @@ class MountOptions:
     peer_listen: str | None = None          # HOST:PORT of the peer server (cluster/peers.py)
     peer_advertise: str | None = None       # HOST:PORT others reach it at
     peer_timeout: float = 10.0              # seconds a chunk from a peer may take
+    peer_fanout: int = 8                    # askers per owner before relays serve
 
 
 async def bind_peers(opts: MountOptions, ttl: float, store: ObjectStore, cache: ChunkCache,
@@ -75,7 +76,7 @@ async def bind_peers(opts: MountOptions, ttl: float, store: ObjectStore, cache: 
         return None, []
     from ..cluster.peers import Peers
     peers = Peers(store, cache, node_id, opts.peer_listen, opts.peer_advertise, ttl,
-                  opts.peer_timeout)
+                  opts.peer_timeout, opts.peer_fanout)
     try:
         return peers, await peers.bind()
     except OSError as exc:

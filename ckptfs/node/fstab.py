@@ -26,7 +26,7 @@ VALUED = ("store", "config", "state_dir", "durability", "endpoint_url", "chunk_s
           "gc_grace", "gc_settle", "checkpoint_formats", "lease_ttl", "stale_staged_after",
           "store_timeout", "stop_timeout", "max_staged", "upload_hold", "metrics_address",
           "log_file", "s3_client", "allow_other", "passthrough", "peer_listen",
-          "peer_advertise", "peer_timeout", "chunk_hash")
+          "peer_advertise", "peer_timeout", "peer_fanout", "chunk_hash")
 FLAGS = ("single_writer", "writeback_cache")
 
 

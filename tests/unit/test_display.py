@@ -40,4 +40,7 @@ def test_status_shows_the_peers_bytes_from_them_and_from_the_store():
     assert "peers       3 alive (serving on 10.0.0.5:7601)" in text
     assert "from peers 48.0 MiB, from the store 16.0 MiB; 2 peer error(s), 1 wrong" in text
     assert "served 32.0 MiB, refused 4" in text
+    assert "relayed" not in text
+    doc["peers"]["serve"]["relayed_bytes"] = 8 << 20          # served as a chunk's relay
+    assert "served 32.0 MiB (relayed 8.0 MiB), refused 4" in status_text(doc)
     assert "peers" not in status_text({**doc, "peers": None})

@@ -59,5 +59,6 @@ async def test_two_nodes_asking_each_other_at_once_do_not_wait_on_each_other(tmp
     assert caches["a"].path(x).read_bytes() == x_data
     assert caches["b"].path(y).read_bytes() == y_data
     assert [vars(sources[n].stats) for n in "ab"] == \
-        [{"chunks": 1, "bytes": SIZE, "errors": 0, "wrong": 0, "misses": 0}] * 2
+        [{"chunks": 1, "bytes": SIZE, "errors": 0, "wrong": 0, "misses": 0,
+          "via_relay": 0, "second_tries": 0}] * 2
     assert [caches[n].bytes_from_source for n in "ab"] == [SIZE, SIZE]

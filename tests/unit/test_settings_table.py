@@ -31,6 +31,7 @@ EXAMPLES = {
     "passthrough": ("off", "off"),
     "peer_listen": ("10.0.0.5:7601", "10.0.0.5:7601"),
     "peer_advertise": ("node5:7601", "node5:7601"), "peer_timeout": ("3", 3.0),
+    "peer_fanout": ("2", 2),
     "chunk_hash": ("sha256", "sha256"),
 }
 
