@@ -12,7 +12,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
 from .chunkmap import ChunkMap
-from .state import CoreState, Handle, PAGE_VERSIONS_KEPT, Runtime
+from .state import PAGE_VERSIONS_KEPT, PASSTHROUGH_MIN_FREE, CoreState, Handle, Runtime
 from .write import WritePath
 
 
@@ -87,6 +87,8 @@ class Opening:
         if self.st.config.durability != "async" or \
                 self.writes.staged_bytes() > self.writes.max_staged:
             return
+        if self.st.staging.free_bytes() < PASSTHROUGH_MIN_FREE:
+            return      # nearly full: the daemon's path sees every failed write
         if any(fh != handle.fh for fh in rt.handles):
             return
         rt.passthrough_ver = handle.session.ver

@@ -16,7 +16,7 @@ from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from .critical import no_await
-from .state import CoreState, Handle, Runtime, Session
+from .state import STAGING_FULL_MARGIN, CoreState, Handle, Runtime, Session
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -83,6 +83,14 @@ class Publish:
         if not session.wrote:
             self._end_session_unchanged(inode, rt, session)
             return
+        if rt.passthrough_ver == session.ver and \
+                self.st.staging.free_bytes() < STAGING_FULL_MARGIN:
+            # The kernel wrote it: a write that failed for want of space never told us.
+            log.error("%s not published: the staging file system is full, so a write "
+                      "through the kernel may have failed", self.st._path_for_log(inode))
+            self._abandon(inode, "its staging file system is full", keep=False)
+            await self.drop_stale_entries()
+            raise FsError(errno.ENOSPC, "not published: the staging file system is full")
         size = self.st.staging.size(inode.ino, session.ver)
         reason = await self._incomplete_reason(inode, session.ver, size)
         if rt.session is not session:

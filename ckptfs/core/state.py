@@ -186,6 +186,13 @@ class Runtime:
 
 # Inodes whose page-cache version is remembered after their last close (core/write.py).
 PAGE_VERSIONS_KEPT = 65536
+# A write through the kernel (passthrough) that fails never reaches the daemon: the only
+# failure it can see is the staging file system's own (ENOSPC). Passthrough starts only
+# with this much free there, and a passthrough version whose close finds less than
+# STAGING_FULL_MARGIN free is taken as one whose writes may have failed: never published
+# (decision 0019).
+PASSTHROUGH_MIN_FREE = 16 << 20
+STAGING_FULL_MARGIN = 4 << 20
 
 
 class CoreState:

@@ -141,6 +141,13 @@ class Staging:
         os.ftruncate(fd, 0)
         return fd
 
+    def free_bytes(self) -> int:
+        """Bytes the staging file system can still give this process (root may use the
+        blocks kept for it: a root daemon's writes, and the kernel's passthrough writes
+        with its credentials, do)."""
+        st = os.statvfs(self.root)
+        return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+
     def allocated(self, ino: int, ver: int) -> int:
         """512-byte blocks the staging disk holds for a version (``st_blocks``: less than
         its size for a sparse file)."""

@@ -8,6 +8,7 @@ that tools/setup.sh builds (tools/build_passthrough.sh)."""
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import signal
@@ -118,3 +119,63 @@ def test_a_mount_without_passthrough_says_why(local_store, make_mount):
         f.write(b"y" * MiB)
         os.fsync(f.fileno())
     assert sync.status()["fuse_requests"]["write"] > 0
+
+
+def _fill(directory) -> None:
+    """Another program's file takes every byte of ``directory``'s file system."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for piece in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * piece)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
+
+def test_a_write_the_kernel_failed_is_never_published(tmp_path, local_store, make_mount):
+    """A passthrough writer's write that fails in the kernel (the staging file system is
+    full) never reaches the daemon; its close must not publish what the file holds then
+    (a truncated, torn version): the previous version stays, here and on a fresh node
+    (found by the model test: a save that got ENOSPC left the file empty)."""
+    from support.mounts import Mount
+    node = Mount(tmp_path, local_store, "full")
+    node.state_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(node.state_dir)],
+                   check=True)
+    try:
+        node.start(durability="async")
+        _kernel_path(node)
+        path = node.path / "weights.bin"
+        before = os.urandom(MiB)
+        path.write_bytes(before)
+        run_ckptfs("wait", str(node.path), check=True)
+        failed = None
+        try:
+            with open(path, "wb") as f:         # passthrough: there is room at its open
+                f.write(os.urandom(MiB))
+                f.flush()
+                _fill(node.state_dir)           # then the staging file system fills up
+                for _ in range(64):
+                    f.write(os.urandom(MiB))
+                    f.flush()
+        except OSError as exc:
+            failed = exc
+        assert failed is not None and failed.errno == errno.ENOSPC, failed
+        assert "write" not in node.status()["fuse_requests"]    # the kernel wrote it
+        assert path.read_bytes() == before
+        (node.state_dir / "filler").unlink()
+        run_ckptfs("wait", str(node.path), check=True)
+        node.stop()
+        other = Mount(tmp_path, local_store, "fresh")
+        other.start(durability="async")
+        try:
+            assert (other.path / "weights.bin").read_bytes() == before
+        finally:
+            other.cleanup()
+    finally:
+        node.cleanup()
+        subprocess.run(["umount", "-l", str(node.state_dir)], check=False)
