@@ -144,10 +144,14 @@ class WritePath:
         inode.mtime_ns = time.time_ns()
         tracker = session.tracker
         for index in tracker.note_write(offset, written):
-            pending = tracker.start(index)
-            self.st.nursery.start_soon(self._pipeline_chunk, inode.ino, session.ver, index,
-                                    pending)
+            self.send_ahead(inode.ino, session, index)
         return written
+
+    def send_ahead(self, ino: int, session: Session, index: int) -> None:
+        """Upload complete chunk ``index`` of a working version in the background, ahead
+        of its close (under the upload gate and the upload limiter, as every upload)."""
+        pending = session.tracker.start(index)
+        self.st.nursery.start_soon(self._pipeline_chunk, ino, session.ver, index, pending)
 
     def closed(self, size: int) -> None:
         """A version of ``size`` bytes was closed: counted at once (a writer's next write
