@@ -171,9 +171,13 @@ class ChunkUploader:
         self.stats = UploadStats()
         self._cpu_lock = threading.Lock()     # workers add to the CPU counters
 
-    async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
+    async def upload(self, path: Path, offset: int, length: int,
+                     reading: Callable[[], None] | None = None) -> tuple[str, int]:
+        """``reading`` is called (on the trio thread) just before the chunk is read."""
         async with self.slot() if self.slot is not None else nullcontext():
             async with self.limiter:
+                if reading is not None:
+                    reading()
                 sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
                     self._upload_sync, path, offset, length)
         if not remembered:
@@ -293,6 +297,9 @@ class _Pending:
     done: trio.Event = field(default_factory=trio.Event)
     result: tuple[str, int] | None = None
     error: BaseException | None = None      # why the pipelined upload failed
+    # Its bytes were read before the version was closed (a verifying tracker hashes it
+    # again at publish); False once read after the close, from the closed bytes.
+    read_open: bool = True
 
 
 class ChunkTracker:
@@ -309,6 +316,7 @@ class ChunkTracker:
         # (read behind a passthrough writer, core/readbehind.py): each is hashed again
         # when the file is published, and sent again under its new id if it changed.
         self.verify = False
+        self.closed = False     # the version was closed: it changes no more
 
     def invalidate_range(self, start: int, end: int) -> None:
         if not self.pending or end <= start:
@@ -363,7 +371,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
         if pending is not None and tracker is not None and length == chunk_size:
             await pending.done.wait()
             if pending.result is not None and tracker.pending.get(index) is pending:
-                if not tracker.verify:
+                if not tracker.verify or not pending.read_open:
                     result[index] = pending.result
                     return
                 try:

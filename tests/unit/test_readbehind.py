@@ -57,3 +57,23 @@ async def test_complete_chunks_upload_before_close_and_a_changed_one_again_at_pu
     stats = core.fs.st.uploader.stats
     assert (stats.chunks_reverified, stats.chunks_changed_after_upload) == (4, 1)
     assert await core.load(inode.ino) == bytes(data)
+
+
+async def test_chunks_held_until_the_close_are_read_once(core):
+    """Early uploads the gate held while the writer wrote (the default upload_hold) read
+    the closed bytes: nothing to hash again at publish."""
+    core.fs.st.passthrough_available = lambda: True
+    core.fs.st.upload_gate.hold = 3600.0
+    handle, inode = await core.fs.create(ROOT, b"held.pt", 0o644, WRITE_NEW, 0, 0, core.me())
+    fd = core.fs.backing_fd(handle)
+    data = bytearray(os.urandom(3 * CHUNK))
+    os.pwrite(fd, data, 0)
+    await _until(lambda: len(core.fs.st.runtime[inode.ino].session.tracker.pending) == 3)
+    data[5:9] = b"late"
+    os.pwrite(fd, b"late", 5)
+    await core.fs.flush(handle.fh)
+    await core.fs.release(handle.fh)
+    await core.fs.wait_idle()
+    assert [sha for sha, _ in core.fs.st.ns.get(inode.ino).chunks] == _ids(bytes(data))
+    stats = core.fs.st.uploader.stats
+    assert (stats.chunks_uploaded, stats.chunks_reverified) == (3, 0)
