@@ -3,10 +3,14 @@ and closing, on local disk, on a ckptfs mount with kernel passthrough and on one
 ``passthrough = off``; and N ranks writing SIZE/N each at once.  Same rounds, medians,
 memory primed (the buffer is written once before timing).  Reports the blocked time
 (write + close), the daemon's CPU seconds per GiB over the save (and over the save and
-its upload, until ``ckptfs wait``) and its FUSE requests by type (``status --json``).  Uses a file:// store under WORKDIR.  Needs the pyfuse3 that
+its upload, until ``ckptfs wait``), the seconds from the last close until ``ckptfs wait``
+returns (everything durable in the store) and its FUSE requests by type (``status
+--json``).  ``--upload-hold`` is passed to the mounts (decision 0015: uploads wait that
+long for a writer that does not pause; read-behind uploads during a save need it short).  Uses a file:// store under WORKDIR.  Needs the pyfuse3 that
 tools/setup.sh builds for the passthrough column.
 
     python tools/data_paths.py WORKDIR [--size-mib 1024] [--rounds 3] [--ranks 8]
+        [--upload-hold SECONDS]
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--upload-hold", type=str, default=None)
     args = parser.parse_args()
     work = args.workdir
     store = work / "store"
@@ -62,23 +67,26 @@ def main() -> None:
         mnt = work / f"{name}-mnt"
         mnt.mkdir(exist_ok=True)
         ckptfs("mount", str(mnt), "--store", f"file://{store}", "--state-dir",
-               str(work / f"{name}-state"), "--durability", "async", *extra)
+               str(work / f"{name}-state"), "--durability", "async", *extra,
+               *(("--upload-hold", args.upload_hold) if args.upload_hold else ()))
         mounts[name] = mnt
     try:
         buf = memoryview(os.urandom(args.size_mib << 20))
         times: dict[str, list[float]] = {}
         cpu: dict[str, list[float]] = {}
         total: dict[str, list[float]] = {}
+        durable: dict[str, list[float]] = {}
         requests: dict[str, dict] = {}
         gib = len(buf) / (1 << 30)
         for rnd in range(args.rounds):
-            for ranks in (1, args.ranks):
+            for ranks in sorted({1, args.ranks}):
                 for name, directory in (("local", local), *mounts.items()):
                     key = f"{name} x{ranks}"
                     status = json.loads(ckptfs("status", "--json", str(directory))) \
                         if name != "local" else None
                     before = cpu_seconds(status["pid"]) if status else 0.0
                     seconds = save(directory, f"r{rnd}", buf, ranks)
+                    closed = time.perf_counter()
                     times.setdefault(key, []).append(seconds)
                     if status is not None:
                         after = json.loads(ckptfs("status", "--json", str(directory)))
@@ -90,6 +98,7 @@ def main() -> None:
                             if n - status["fuse_requests"].get(op, 0)
                             and op not in ("getxattr",)}
                         ckptfs("wait", str(directory))
+                        durable.setdefault(key, []).append(time.perf_counter() - closed)
                         total.setdefault(key, []).append(
                             (cpu_seconds(status["pid"]) - before) / gib)
                     os.sync()
@@ -101,6 +110,8 @@ def main() -> None:
             if key in cpu:
                 line += f"  daemon CPU s/GiB: save {statistics.median(cpu[key]):.2f}, " \
                         f"save+upload {statistics.median(total[key]):.2f}"
+                line += f"  close->durable median {statistics.median(durable[key]):.2f} s " \
+                        f"(rounds {', '.join(f'{t:.2f}' for t in durable[key])})"
                 line += f"  requests {requests[key]}"
             print(line)
     finally:

@@ -36,6 +36,7 @@ from .entries import EntryIO
 from .metalog import MetaLogApply
 from .names import Names
 from .opening import Opening
+from .readbehind import ReadBehind
 from .publish import Publish
 from .read import ReadPath
 from .recovery import Recovery
@@ -115,7 +116,8 @@ class Filesystem:
                                  health, uploader)
         # The concerns, bottom up; the two edges that point up are callbacks.
         self.writes = WritePath(st)
-        self.opening = Opening(st, writes=self.writes)
+        self.opening = Opening(st, writes=self.writes,
+                               readbehind=ReadBehind(st, writes=self.writes))
         self.entries = EntryIO(st)
         self.reads = ReadPath(st)
         self.refresher = Refresh(st, entries=self.entries,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from ..errors import FsError
 from ..meta.namespace import Inode
@@ -15,15 +16,19 @@ from .chunkmap import ChunkMap
 from .state import PAGE_VERSIONS_KEPT, PASSTHROUGH_MIN_FREE, CoreState, Handle, Runtime
 from .write import WritePath
 
+if TYPE_CHECKING:
+    from .readbehind import ReadBehind
+
 
 
 class Opening:
     """Owns the next file handle number and ``page_versions`` (the version the kernel page
     cache of an inode may hold; outlives the handles, bounded)."""
 
-    def __init__(self, st: CoreState, *, writes: WritePath) -> None:
+    def __init__(self, st: CoreState, *, writes: WritePath, readbehind: ReadBehind) -> None:
         self.st = st
         self.writes = writes
+        self.readbehind = readbehind    # uploads a passthrough writer's complete chunks
         self._next_fh = 1
         self.page_versions: OrderedDict[int, object] = OrderedDict()
 
@@ -93,6 +98,8 @@ class Opening:
             return
         rt.passthrough_ver = handle.session.ver
         self._mark_passthrough(handle, rt)
+        # Its writes never reach the daemon: its complete chunks are read behind it.
+        self.readbehind.follow(handle.ino, handle.session)
 
     def _mark_passthrough(self, handle: Handle, rt: Runtime) -> None:
         handle.passthrough = True

@@ -155,6 +155,7 @@ class Publish:
         inode.size = size
         self.st.cache.untrack_local(inode.ino)
         rt.session = None
+        session.tracker.closed = True   # chunks read from now on are the closed bytes
         rt.trackers[session.ver] = session.tracker
         self.st.ns.save(inode)
         if old is not None and old != inode.ver:

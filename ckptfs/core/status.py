@@ -124,6 +124,10 @@ class Status:
                 "bytes_uploaded": up.bytes_uploaded,
                 "bytes_deduplicated": up.bytes_deduplicated,
                 "publishes": up.publishes, "publish_failures": up.publish_failures,
+                # Chunks read behind a passthrough writer, hashed again at publish, and
+                # those of them changed since their early upload (sent again).
+                "chunks_reverified": up.chunks_reverified,
+                "chunks_changed_after_upload": up.chunks_changed_after_upload,
                 # CPU seconds of upload workers naming chunks and sending them (bench).
                 "upload_hash_cpu_s": round(up.hash_cpu, 3),
                 "upload_put_cpu_s": round(up.put_cpu, 3),

@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -144,10 +145,20 @@ class WritePath:
         inode.mtime_ns = time.time_ns()
         tracker = session.tracker
         for index in tracker.note_write(offset, written):
-            pending = tracker.start(index)
-            self.st.nursery.start_soon(self._pipeline_chunk, inode.ino, session.ver, index,
-                                    pending)
+            self.send_ahead(inode.ino, session, index)
         return written
+
+    def send_ahead(self, ino: int, session: Session, index: int) -> None:
+        """Upload complete chunk ``index`` of a working version in the background, ahead
+        of its close (under the upload gate and the upload limiter, as every upload)."""
+        tracker = session.tracker
+        pending = tracker.start(index)
+
+        def reading() -> None:
+            pending.read_open = not tracker.closed
+
+        self.st.nursery.start_soon(self._pipeline_chunk, ino, session.ver, index, pending,
+                                   reading)
 
     def closed(self, size: int) -> None:
         """A version of ``size`` bytes was closed: counted at once (a writer's next write
@@ -188,11 +199,12 @@ class WritePath:
         finally:
             self.writers_waiting -= 1
 
-    async def _pipeline_chunk(self, ino: int, ver: int, index: int, pending) -> None:
+    async def _pipeline_chunk(self, ino: int, ver: int, index: int, pending,
+                              reading: Callable[[], None] | None = None) -> None:
         try:
             size = self.st.config.chunk_size
             pending.result = await self.st.uploader.upload(self.st.staging.path(ino, ver),
-                                                        index * size, size)
+                                                        index * size, size, reading)
         except Exception as exc:  # flush uploads it again and reports the error
             log.debug("pipelined upload of chunk %d of inode %d failed: %s", index, ino, exc)
             pending.error = exc   # a timeout is not tried again: the close stays bounded

@@ -142,6 +142,10 @@ class UploadStats:
     # (hashing) and sending them (PUT, with its transfer checksum).
     hash_cpu: float = 0.0
     put_cpu: float = 0.0
+    # Chunks read behind a writer the daemon does not see (kernel passthrough), hashed
+    # again at publish: how many, and how many had changed since (uploaded again).
+    chunks_reverified: int = 0
+    chunks_changed_after_upload: int = 0
 
 
 class ChunkUploader:
@@ -167,9 +171,13 @@ class ChunkUploader:
         self.stats = UploadStats()
         self._cpu_lock = threading.Lock()     # workers add to the CPU counters
 
-    async def upload(self, path: Path, offset: int, length: int) -> tuple[str, int]:
+    async def upload(self, path: Path, offset: int, length: int,
+                     reading: Callable[[], None] | None = None) -> tuple[str, int]:
+        """``reading`` is called (on the trio thread) just before the chunk is read."""
         async with self.slot() if self.slot is not None else nullcontext():
             async with self.limiter:
+                if reading is not None:
+                    reading()
                 sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
                     self._upload_sync, path, offset, length)
         if not remembered:
@@ -181,6 +189,27 @@ class ChunkUploader:
             self.stats.chunks_deduplicated += 1
             self.stats.bytes_deduplicated += length
         return sha, length
+
+    async def rehash(self, path: Path, offset: int, length: int) -> str:
+        """The id of a chunk of a staging file as it is now (read and hashed, nothing
+        sent), under the same slot and limiter as an upload."""
+        async with self.slot() if self.slot is not None else nullcontext():
+            async with self.limiter:
+                return await trio.to_thread.run_sync(self._rehash_sync, path, offset, length)
+
+    def _rehash_sync(self, path: Path, offset: int, length: int) -> str:
+        buf = self.buffers.take(length)
+        view = memoryview(buf)[:length]
+        try:
+            _read_chunk(path, offset, length, view)
+            started = time.thread_time()
+            sha = chunk_id(view, self.chunk_hash)
+            with self._cpu_lock:
+                self.stats.hash_cpu += time.thread_time() - started
+        finally:
+            view.release()      # nothing else holds it: no PUT was started from it
+        self.buffers.give(buf)
+        return sha
 
     def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
         buf = self.buffers.take(length)
@@ -196,21 +225,7 @@ class ChunkUploader:
 
     def _upload_from(self, path: Path, offset: int, length: int,
                      view: memoryview) -> tuple[str, bool, int, bool]:
-        # Opened here, not shared: a handle's descriptor may be closed (and its number
-        # reused) while a background publish is still reading.  Not held during the
-        # PUT: a staging file removed meanwhile must give its space back at once.
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = 0
-            while got < length:
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n <= 0:
-                    break
-                got += n
-        finally:
-            os.close(fd)
-        if got != length:
-            raise OSError(5, f"staging file shorter than expected at {offset}")
+        _read_chunk(path, offset, length, view)
         result = self._send(view)
         # The chunk is in the store: its staging pages need not stay in memory.  Starts
         # their writeback now; clean ones go at once, the rest when the publish drops the
@@ -241,6 +256,25 @@ class ChunkUploader:
         return sha, True, generation, False
 
 
+def _read_chunk(path: Path, offset: int, length: int, view: memoryview) -> None:
+    """Fill ``view`` with ``length`` bytes of a staging file at ``offset`` (blocking).
+    Opened here, not shared: a handle's descriptor may be closed (and its number reused)
+    while a background publish is still reading.  Not held during the PUT: a staging
+    file removed meanwhile must give its space back at once."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = 0
+        while got < length:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
+    finally:
+        os.close(fd)
+    if got != length:
+        raise OSError(5, f"staging file shorter than expected at {offset}")
+
+
 def drop_staged_pages(path: Path, offset: int = 0, length: int = 0) -> None:
     """Drop clean pages of a staging file (a range of it; all with ``length`` 0) from the
     page cache and start writeback of the dirty ones (blocking: run it in a thread).  A
@@ -263,6 +297,9 @@ class _Pending:
     done: trio.Event = field(default_factory=trio.Event)
     result: tuple[str, int] | None = None
     error: BaseException | None = None      # why the pipelined upload failed
+    # Its bytes were read before the version was closed (a verifying tracker hashes it
+    # again at publish); False once read after the close, from the closed bytes.
+    read_open: bool = True
 
 
 class ChunkTracker:
@@ -275,6 +312,11 @@ class ChunkTracker:
         self.seq_end = 0
         self.next_index = 0
         self.gen = 0
+        # Chunks were sent while writes the daemon does not see could still change them
+        # (read behind a passthrough writer, core/readbehind.py): each is hashed again
+        # when the file is published, and sent again under its new id if it changed.
+        self.verify = False
+        self.closed = False     # the version was closed: it changes no more
 
     def invalidate_range(self, start: int, end: int) -> None:
         if not self.pending or end <= start:
@@ -329,8 +371,23 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
         if pending is not None and tracker is not None and length == chunk_size:
             await pending.done.wait()
             if pending.result is not None and tracker.pending.get(index) is pending:
-                result[index] = pending.result
-                return
+                if not tracker.verify or not pending.read_open:
+                    result[index] = pending.result
+                    return
+                try:
+                    now = await uploader.rehash(path, offset, length)
+                except Exception as exc:  # collected: the first one is raised below
+                    errors.append(exc)
+                    return
+                uploader.stats.chunks_reverified += 1
+                if now == pending.result[0]:
+                    result[index] = pending.result
+                    return
+                # Written again after it was sent (a header patched in place, an mmap
+                # store): the entry names only what the bytes are now.
+                uploader.stats.chunks_changed_after_upload += 1
+                log.info("chunk %d of %s changed after its early upload; uploading it "
+                         "again", index, path.name)
             if isinstance(pending.error, StoreTimeout) and tracker.pending.get(index) is pending:
                 # The store did not answer within store_timeout just now: uploading the
                 # chunk again would double the writer's wait.  Reported once: the next

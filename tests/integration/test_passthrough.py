@@ -179,3 +179,82 @@ def test_a_write_the_kernel_failed_is_never_published(tmp_path, local_store, mak
     finally:
         node.cleanup()
         subprocess.run(["umount", "-l", str(node.state_dir)], check=False)
+
+
+# ---------------------------------------------------------------- read behind the writer
+# The daemon sees no writes of a passthrough writer: its complete chunks are read behind
+# it from the staging file and uploaded while it writes (core/readbehind.py), and hashed
+# again at publish in case the kernel changed them after (data/upload.py chunk_list).
+
+READ_BEHIND = ("--chunk-size", "1M", "--upload-hold", "0")
+
+SLOW_WRITER = r"""
+import os, sys
+f = open(sys.argv[1], "wb")
+f.write(os.urandom(4 << 20) + b"tail")
+f.flush()
+print("written", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _uploaded(node, count: int) -> bool:
+    return node.stats()["chunks_uploaded"] >= count
+
+
+def test_complete_chunks_reach_the_store_before_the_close(local_store, make_mount):
+    node = make_mount(local_store, durability="async", extra=READ_BEHIND)
+    _kernel_path(node)
+    data = os.urandom(4 * MiB + 5000)
+    path = node.path / "model.pt"
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        assert eventually(lambda: _uploaded(node, 4), timeout=30), node.stats()
+        assert node.stats()["chunks_uploaded"] == 4       # the partial tail waits
+    assert "write" not in node.status()["fuse_requests"]
+    run_ckptfs("wait", str(node.path), check=True)
+    stats = node.stats()
+    assert stats["chunks_reverified"] == 4 and stats["chunks_changed_after_upload"] == 0
+    assert (make_mount(local_store, name="fresh").path / "model.pt").read_bytes() == data
+
+
+def test_chunks_changed_after_their_early_upload_publish_their_final_bytes(store,
+                                                                          make_mount):
+    node = make_mount(store, durability="async", extra=READ_BEHIND)
+    _kernel_path(node)
+    data = bytearray(os.urandom(4 * MiB + 100))
+    path = node.path / "model.pt"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        assert eventually(lambda: _uploaded(node, 4), timeout=30), node.stats()
+        os.pwrite(fd, b"P" * 64, MiB + 100)             # a header patched in place
+        data[MiB + 100:MiB + 164] = b"P" * 64
+        with mmap.mmap(fd, 2 * MiB) as m:                # an mmap store into chunk 0
+            m[10:20] = b"M" * 10
+        data[10:20] = b"M" * 10
+    finally:
+        os.close(fd)
+    run_ckptfs("wait", str(node.path), check=True)
+    other = make_mount(store, name="fresh")
+    assert (other.path / "model.pt").read_bytes() == bytes(data)
+    stats = node.stats()
+    assert stats["chunks_reverified"] == 4 and stats["chunks_changed_after_upload"] == 2
+
+
+def test_a_writer_killed_after_its_early_uploads_publishes_nothing(local_store, make_mount):
+    node = make_mount(local_store, durability="async", extra=READ_BEHIND)
+    _kernel_path(node)
+    torn = node.path / "torn.pt"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(torn)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+    assert eventually(lambda: _uploaded(node, 4), timeout=30), node.stats()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    eventually(lambda: not torn.exists())
+    assert not torn.exists()
+    run_ckptfs("wait", str(node.path), check=True)
+    assert node.stats()["publishes"] == 0
+    assert not (make_mount(local_store, name="fresh").path / "torn.pt").exists()
