@@ -251,8 +251,12 @@ class ModelMachine(RuleBasedStateMachine):
         # gc's settle time is tiny here (recorded in the store by the first mount): with
         # the default 600 s, a gc pass that found chunks condemned by an earlier one
         # waited 10 minutes to delete them, and the step timed out.
+        # Node A writes through the kernel where it can (passthrough, async), node B
+        # through the daemon: both data paths meet in every example (decision 0019).
+        data_path = ("--passthrough", "off") if mount.path.name.startswith("B") else ()
         mount.start("--metadata-ttl", str(TTL), "--chunk-size", CHUNK, "--gc-settle", "0.3",
-                    "--store-timeout", str(STORE_TIMEOUT), durability=self.ctx.durability,
+                    "--store-timeout", str(STORE_TIMEOUT), *data_path,
+                    durability=self.ctx.durability,
                     faults=self.faults.plan(), preexec_fn=_low_nofile if NOFILE else None)
 
     def teardown(self) -> None:
