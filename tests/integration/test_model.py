@@ -61,6 +61,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, precondition, rule,
 
 from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
 from support.logcheck import bad_records, daemon_logs
+from support.posix import fill_file_system
 from support.proxy import FaultProxy
 from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
                            observe, parent_of, version_bytes)
@@ -825,18 +826,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.fault, self.full_node = "full", m
         self.fault_saved = set()
         self.candidates = [self.model]
-        fd = os.open(self.mounts[m].state_dir / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            for piece in (1 << 20, 4096, 1):
-                try:
-                    while True:
-                        os.write(fd, b"\0" * piece)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-        finally:
-            os.close(fd)
-        # What is left is what the file system keeps for itself.
+        fill_file_system(self.mounts[m].state_dir)
 
     @precondition(lambda self: self.fault is not None
                   and (self.sync or self.fault == "full")

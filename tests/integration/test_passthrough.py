@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from support.mounts import eventually, run_ckptfs
+from support.posix import fill_file_system
 
 MiB = 1 << 20
 
@@ -121,21 +122,6 @@ def test_a_mount_without_passthrough_says_why(local_store, make_mount):
     assert sync.status()["fuse_requests"]["write"] > 0
 
 
-def _fill(directory) -> None:
-    """Another program's file takes every byte of ``directory``'s file system."""
-    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for piece in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * piece)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
-
-
 def test_a_write_the_kernel_failed_is_never_published(tmp_path, local_store, make_mount):
     """A passthrough writer's write that fails in the kernel (the staging file system is
     full) never reaches the daemon; its close must not publish what the file holds then
@@ -158,7 +144,7 @@ def test_a_write_the_kernel_failed_is_never_published(tmp_path, local_store, mak
             with open(path, "wb") as f:         # passthrough: there is room at its open
                 f.write(os.urandom(MiB))
                 f.flush()
-                _fill(node.state_dir)           # then the staging file system fills up
+                fill_file_system(node.state_dir)           # then the staging file system fills up
                 for _ in range(64):
                     f.write(os.urandom(MiB))
                     f.flush()

@@ -7,6 +7,7 @@ Knows nothing of ckptfs.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import pwd
 import shutil
@@ -48,3 +49,21 @@ def open_dir(prefix: str) -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def fill_file_system(directory) -> None:
+    """Another program's file (``directory/filler``) takes every byte of ``directory``'s
+    file system; what is left is what the file system keeps for itself.  Remove the
+    file to give the space back."""
+    fd = os.open(Path(directory) / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for piece in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * piece)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
