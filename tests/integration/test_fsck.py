@@ -6,7 +6,6 @@ found by ``--full`` only; what cannot be checked is exit 2 with one line."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -15,6 +14,8 @@ import threading
 import pytest
 
 from ckptfs.cli.commands import main
+from ckptfs.format.chunkid import chunk_id
+from ckptfs.format.remote import chunk_key
 from support.mounts import eventually, one_line_failure, run_ckptfs
 from support.s3_direct import direct_store
 
@@ -59,8 +60,8 @@ def test_fsck_finds_a_lost_chunk_by_path_and_a_node_puts_it_back(s3_store, make_
     assert proc.stdout.splitlines()[-1] == "result: clean"
 
     store = raw_store(s3_store)
-    lost = hashlib.sha256(files["ckpt/step-1/model.bin"]).hexdigest()
-    key = f"chunks/{lost[:2]}/{lost}"
+    lost = chunk_id(files["ckpt/step-1/model.bin"])     # a new store names chunks by BLAKE3
+    key = chunk_key(lost)
     store.delete(key)
     proc = fsck(s3_store)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -78,8 +79,8 @@ def test_fsck_finds_a_lost_chunk_by_path_and_a_node_puts_it_back(s3_store, make_
     assert store.get(key)[0] == files["ckpt/step-1/model.bin"]
 
     # Other bytes of the same length under a chunk's key: only --full reads them.
-    small = hashlib.sha256(files["ckpt/step-1/config.json"]).hexdigest()
-    store.put(f"chunks/{small[:2]}/{small}", b'{"layers": 3}')
+    small = chunk_id(files["ckpt/step-1/config.json"])
+    store.put(chunk_key(small), b'{"layers": 3}')
     proc = fsck(s3_store)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = fsck(s3_store, "--full")

@@ -49,7 +49,9 @@ def test_a_tree_copied_just_before_a_daemon_sigkill_is_kept_and_published(
     control = tmp_path / "faults.json"      # nothing reaches the store before the crash
     control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "chunks/",
                                               "kind": "transient"}]}))
-    mnt = make_mount(s3_store, durability="async", faults={"control_file": str(control)})
+    # the daemon's data path: its counters show every file written through it
+    mnt = make_mount(s3_store, durability="async", faults={"control_file": str(control)},
+                     extra=("--passthrough", "off"))
     src = tmp_path / "src"
     tree = small_tree(src)
     subprocess.run(["cp", "-a", str(src), str(mnt.path / "tree")], check=True)
