@@ -89,9 +89,30 @@ def _daemon_logs_clean(request):
                     pytrace=False)
 
 
+# What a failed test's report shows of each daemon log: its WARNING/ERROR records and
+# traceback lines, then its last lines.  CI prints only the report, and the logs go with
+# the test's tmp_path.
+NOTABLE_RECORDS = 40
+LAST_LINES = 25
+
+
+def failure_excerpt(text: str) -> str:
+    notable = [record for level, record in records(text)
+               if level in ("WARNING", "ERROR", "CRITICAL") or "Traceback (most" in record]
+    lines = text.splitlines()
+    return ("-- warnings and errors --\n" + "\n".join(notable[-NOTABLE_RECORDS:])
+            + f"\n-- last {LAST_LINES} lines --\n" + "\n".join(lines[-LAST_LINES:]))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     rep = yield
     if rep.when == "call":
         item.rep_call = rep
+    if rep.failed and rep.when in ("call", "setup"):
+        root = getattr(item, "funcargs", {}).get("tmp_path")
+        if isinstance(root, Path) and any(part in CHECKED_DIRS for part in item.path.parts):
+            for log in daemon_logs(root):
+                rep.sections.append((f"daemon log {log.relative_to(root)}",
+                                     failure_excerpt(log.read_text(errors="replace"))))
     return rep
