@@ -389,20 +389,25 @@ class Bench:
         cfg = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
                              max_concurrency=10)
         files = self.workload.files()
+        gib = self.workload.total / GiB
         self.prime()
-        t0 = time.perf_counter()
+        # CPU of this process (every thread: only boto3's run meanwhile), beside the
+        # daemon's: what a Python S3 client spends to move the same bytes.
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda nf: client.upload_file(str(src / nf[0]), bucket,
                                                          key_prefix + nf[0], Config=cfg), files))
         self.record("boto3", "durable", time.perf_counter() - t0)
+        self.record("boto3", "cpu_s_per_gib_upload", (time.process_time() - cpu0) / gib)
         dst = self.work / f"boto3-dst-{rnd}"
         dst.mkdir()
         self.prime()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda nf: client.download_file(bucket, key_prefix + nf[0],
                                                            str(dst / nf[0]), Config=cfg), files))
         self.record("boto3", "cold_read", time.perf_counter() - t0)
+        self.record("boto3", "cpu_s_per_gib_download", (time.process_time() - cpu0) / gib)
         # The order a sync writer and a single reader work in: one file after another
         # (each file's parts still in parallel).  A sync close returns when its file is
         # in the store, so the next file's upload cannot start before.
@@ -640,7 +645,6 @@ def ratios(summary: dict) -> list[str]:
     boto = med.get("boto3", {})
     lines: list[str] = []
     line, ratio = _liners(lines)
-
     rows = [s for s in med if s.startswith("ckptfs-")]
     for row in sorted(rows, key=lambda r: (r.partition("+")[2], r)):
         m = med[row]
@@ -683,6 +687,7 @@ def ratios(summary: dict) -> list[str]:
         for metric in ("cpu_s_per_gib_write", "cpu_s_per_gib_cold_read"):
             ratio(f"{label}: daemon CPU {metric.removeprefix('cpu_s_per_gib_')} / passthrough",
                   m.get(metric), passthrough.get(metric), None, "-")
+        boto3_cpu_lines(ratio, label, m, boto)
         for metric in ("peak_rss_mib", "reader_peak_rss_mib"):
             if m.get(metric) is not None:
                 line(f"{label}: daemon {metric.replace('_', ' ')}", m[metric], "<= 300 MiB",
@@ -729,6 +734,15 @@ CPU_PARTS = {"hash": "naming chunks (hash)", "put": "PUT (transfer checksum, sen
 
 def _ranks(summary: dict) -> str:
     return str(summary.get("ranks", 8))
+
+
+def boto3_cpu_lines(ratio, label: str, m: dict, boto: dict) -> None:
+    """The same bytes moved by boto3 in the bench's process: the CPU a Python S3 client
+    spends on the upload (beside a write) and the download (beside a cold read) alone."""
+    ratio(f"{label}: daemon CPU write / boto3 upload CPU", m.get("cpu_s_per_gib_write"),
+          boto.get("cpu_s_per_gib_upload"), None, "-")
+    ratio(f"{label}: daemon CPU cold read / boto3 download CPU",
+          m.get("cpu_s_per_gib_cold_read"), boto.get("cpu_s_per_gib_download"), None, "-")
 
 
 def _liners(lines: list[str]):

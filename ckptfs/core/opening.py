@@ -5,9 +5,12 @@ kernel.  Must not know the store, FUSE, publishing or refresh."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING
+
+import trio
 
 from ..errors import FsError
 from ..meta.namespace import Inode
@@ -19,6 +22,15 @@ from .write import WritePath
 if TYPE_CHECKING:
     from .readbehind import ReadBehind
 
+log = logging.getLogger(__name__)
+
+# A writer of a new version cannot open an inode the kernel still reads through an
+# earlier version's staging file (FUSE passthrough allows one backing file per inode and
+# fails every other open of it, fs/fuse/iomode.c): it waits this long for those handles'
+# releases -- usually already in flight after the save's close -- polling every
+# PASSTHROUGH_DRAIN_POLL s, then gets EBUSY (decision 0019).
+PASSTHROUGH_DRAIN = 2.0
+PASSTHROUGH_DRAIN_POLL = 0.005
 
 
 class Opening:
@@ -59,6 +71,7 @@ class Opening:
         """A new handle, with the page-cache flags the kernel gets for it
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
         if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+            await self._wait_for_passthrough_readers(ino)
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
                 handle = await self._open(ino, flags, opener)
         else:
@@ -66,6 +79,33 @@ class Opening:
         self.decide_passthrough(handle, fresh=bool(flags & os.O_TRUNC))
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
+
+    @staticmethod
+    def _lingering_passthrough(rt: Runtime | None) -> bool:
+        """Passthrough handles of a closed version are open (readers that joined a save
+        through the kernel, or its writer's release not yet here): a writer of a new
+        version could not share their backing file."""
+        return rt is not None and rt.passthrough > 0 and not (
+            rt.session is not None and rt.session.ver == rt.passthrough_ver)
+
+    async def _wait_for_passthrough_readers(self, ino: int) -> None:
+        """A writer opening ``ino`` while the kernel still reads it through a closed
+        version's staging file waits for those handles to go (PASSTHROUGH_DRAIN), then
+        is refused with EBUSY: answered with the daemon's path, the kernel itself would
+        fail the open with EIO."""
+        if not self._lingering_passthrough(self.st.runtime.get(ino)):
+            return
+        with trio.move_on_after(PASSTHROUGH_DRAIN):
+            while self._lingering_passthrough(self.st.runtime.get(ino)):
+                await trio.sleep(PASSTHROUGH_DRAIN_POLL)
+        if self._lingering_passthrough(self.st.runtime.get(ino)):
+            inode = self.st.ns.maybe_get(ino)
+            where = self.st._path_for_log(inode) if inode is not None else f"inode {ino}"
+            log.warning("%s: open for writing refused (EBUSY): a reader still reads the "
+                        "version before through the kernel (FUSE passthrough allows one "
+                        "backing file per file); it may be opened again once that reader "
+                        "closes it", where)
+            raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
 
     def decide_passthrough(self, handle: Handle, fresh: bool) -> None:
         """Whether the kernel reads and writes this handle's bytes in its staging file

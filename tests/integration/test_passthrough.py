@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from support.mounts import eventually, run_ckptfs
 from support.posix import fill_file_system
@@ -104,6 +105,47 @@ def test_a_reader_of_the_old_version_and_a_writer_of_the_new(local_store, make_m
             assert reader.read() == b"c" * MiB
     assert node.status()["fuse_requests"].get("write", 0) == before
     assert path.read_bytes() == b"c" * MiB
+
+
+def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_mount):
+    """A reader that opened while a save went through the kernel shares its staging file
+    (the kernel's rule: one backing file per inode, every open of it passthrough) and may
+    stay open past that save's close.  The kernel fails (EIO) any open of such an inode
+    that is not passthrough, so the next save cannot simply go to the daemon beside it:
+    it waits for the reader to close (the usual case: a release already on its way) and,
+    if the reader stays, is refused with EBUSY -- nothing of either version is lost."""
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path = node.path / "latest.pt"
+    path.write_bytes(b"a" * MiB)
+    with open(path, "wb") as writer:
+        writer.write(b"b" * MiB)
+        writer.flush()
+        reader = open(path, "rb")                       # joins the writer's staging file
+    try:
+        assert reader.read(4096) == b"b" * 4096
+        refused = None
+        try:
+            open(path, "wb").close()                    # the next save, reader still open
+        except OSError as exc:
+            refused = exc
+        assert refused is not None and refused.errno == errno.EBUSY, refused
+        assert reader.read() == b"b" * (MiB - 4096)     # the reader keeps its version
+    finally:
+        reader.close()
+    assert path.read_bytes() == b"b" * MiB
+    # A reader that goes while the next save waits: the save goes on.
+    with open(path, "wb") as writer:
+        writer.write(b"c" * MiB)
+        writer.flush()
+        reader = open(path, "rb")
+    threading.Timer(0.5, reader.close).start()
+    with open(path, "wb") as writer:
+        writer.write(b"d" * MiB)
+    assert path.read_bytes() == b"d" * MiB
+    run_ckptfs("wait", str(node.path), check=True)
+    assert (make_mount(local_store, name="fresh").path / "latest.pt").read_bytes() == \
+        b"d" * MiB
 
 
 def test_a_mount_without_passthrough_says_why(local_store, make_mount):
