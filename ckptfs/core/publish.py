@@ -353,7 +353,7 @@ class Publish:
         log.debug("published inode %d (%d bytes) in %.3fs", ino, size, time.monotonic() - started)
         self.st._drop_rt(ino)
         self.st.leases.settle(ino)
-        return True
+        return not getattr(self.st.ns.maybe_get(ino), "dirty", False)  # closed again: again
 
     @no_await
     def _land(self, inode: Inode, rt: Runtime, ver: int, size: int) -> bool:
