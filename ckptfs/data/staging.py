@@ -91,7 +91,7 @@ class Staging:
         if fd is not None:
             self._fds.move_to_end(key)
             return fd
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_TRUNC if create else 0)
         try:
             fd = self._retrying(lambda: os.open(self.path(ino, ver), flags, 0o600),
                                 f"open staging file {ino}.{ver}")
@@ -137,9 +137,8 @@ class Staging:
             raise FsError(exc.errno, f"{what}: {exc.strerror}") from None
 
     def create_empty(self, ino: int, ver: int) -> int:
-        fd = self.fd(ino, ver, create=True)
-        os.ftruncate(fd, 0)
-        return fd
+        self.close_fd(ino, ver)
+        return self.fd(ino, ver, create=True)
 
     def free_bytes(self) -> int:
         """Bytes the staging file system can still give this process (root may use the
