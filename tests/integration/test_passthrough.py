@@ -139,7 +139,7 @@ def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_m
         writer.write(b"c" * MiB)
         writer.flush()
         reader = open(path, "rb")
-    threading.Timer(0.5, reader.close).start()
+    threading.Timer(0.1, reader.close).start()   # well inside the 2 s the save waits
     with open(path, "wb") as writer:
         writer.write(b"d" * MiB)
     assert path.read_bytes() == b"d" * MiB
