@@ -317,12 +317,10 @@ class Publish:
             size = self.st.staging.size(ino, ver)
             chunks = await chunk_list(self.st.uploader, tracker, self.st.staging.path(ino, ver),
                                       size, self.st.config.chunk_size)
-        except StoreError as exc:
+        except (StoreError, OSError) as exc:
             self.st.uploader.stats.publish_failures += 1
-            raise FsError(errno.EIO, f"upload failed: {exc}") from None
-        except OSError as exc:
-            self.st.uploader.stats.publish_failures += 1
-            raise FsError(exc.errno or errno.EIO, f"upload failed: {exc}") from None
+            code = errno.EIO if isinstance(exc, StoreError) else exc.errno or errno.EIO
+            raise FsError(code, f"upload failed: {exc}") from None
         finally:
             self.st._unref(ino, rt, ver)
         rt = self.st._rt(ino)
@@ -344,6 +342,8 @@ class Publish:
                 inode.chunks = previous
                 self.st.uploader.stats.publish_failures += 1
                 raise
+            if inode.ver != ver:
+                return False    # closed again during the PUT: the newer version goes next
             local_copy = self._land(inode, rt, ver, size)
         if local_copy:
             await trio.to_thread.run_sync(drop_staged_pages, self.st.staging.path(ino, ver))
