@@ -124,7 +124,10 @@ def pytest_testnodedown(node: Any, error: object | None) -> None:
     if error is None:
         return
     popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
-    status = popen.poll() if popen is not None else None
+    try:        # its pipe closed first: give the kernel a moment to report the exit
+        status = popen.wait(timeout=10) if popen is not None else None
+    except subprocess.TimeoutExpired:
+        status = None
     how = ("still running" if status is None else
            f"killed by signal {-status}" if status < 0 else f"exit status {status}")
     lines = [f"worker {node.gateway.id} died ({how}): {error}"]
