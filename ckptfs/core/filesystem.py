@@ -33,6 +33,7 @@ from ..store import ObjectStore, StoreError
 from ..store.health import StoreHealth
 from .attributes import Attributes
 from .entries import EntryIO
+from .held import HeldEntries
 from .metalog import MetaLogApply
 from .names import Names
 from .opening import Opening
@@ -119,6 +120,7 @@ class Filesystem:
         self.opening = Opening(st, writes=self.writes,
                                readbehind=ReadBehind(st, writes=self.writes))
         self.entries = EntryIO(st)
+        self.held = HeldEntries(st, self.entries)
         self.reads = ReadPath(st)
         self.refresher = Refresh(st, entries=self.entries,
                                  delete_inode=lambda inode: self.publisher._delete_inode(inode))
@@ -129,11 +131,10 @@ class Filesystem:
                                 writes=self.writes)
         self.names = Names(st, entries=self.entries, refresher=self.refresher,
                            opening=self.opening, writes=self.writes, publisher=self.publisher,
-                           delete_held=lambda *a: self.renames._delete_held(*a),
-                           release_held=lambda *a: self.renames._release_held(*a))
+                           delete_held=self.held.delete, release_held=self.held.release)
         self.renames = Rename(st, entries=self.entries, names=self.names,
                               refresher=self.refresher, seals=self.seals,
-                              publisher=self.publisher)
+                              publisher=self.publisher, held=self.held)
         self.metalog = MetaLogApply(st, entries=self.entries, seals=self.seals,
                                     renames=self.renames)
         self.recovery = Recovery(st, entries=self.entries, reads=self.reads,

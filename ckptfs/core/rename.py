@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .entries import EntryIO
+    from .held import HeldEntries
     from .names import Names
     from .refresh import Refresh
     from .seal import Seal
@@ -35,8 +36,9 @@ class Rename:
     """Renames and exchanges; no state of its own."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, names: Names, refresher: Refresh,
-                 seals: Seal, publisher: Publish) -> None:
+                 seals: Seal, publisher: Publish, held: HeldEntries) -> None:
         self.st = st
+        self.held = held
         self.entries = entries
         self.names = names
         self.refresher = refresher
@@ -127,14 +129,18 @@ class Rename:
                       "to_name": new_name.hex(), "type": inode.type,
                       "seals": inode.type == "dir" and inode.staged,
                       **self.entries._identity(inode), "replaced": None}
-            self._release_held(inode, old_dir, old_name)
+            self.held.release(inode, old_dir, old_name)
             target_ino = self.st.ns.lookup(new_parent, new_name)
             if target_ino is not None and target_ino != inode.ino:
                 replaced = self.st.ns.get(target_ino)
-                if replaced.published and self._never_closed(inode):
-                    self._hold(inode, new_dir, new_name, replaced)
+                if replaced.published and self.held.never_closed(inode):
+                    self.held.hold(inode, new_dir, new_name, replaced)
                 elif replaced.published:
                     record["replaced"] = self.entries._identity(replaced)
+                else:
+                    ident = self.held.hand_over(inode, replaced, new_dir, new_name)
+                    if ident is not None and inode.published:
+                        record["replaced"] = {"ident": ident}
                 self.st.ns.unlink(replaced, new_parent, new_name)
                 if not replaced.parent and not self.st._is_open(replaced.ino):
                     self.publisher._delete_inode(replaced)
@@ -158,46 +164,6 @@ class Rename:
         self.st._sync_journal_soon()
         if inode.type == "file" and not self.st._writers(inode.ino):
             self.seals._seals_after_close(inode, wait=False)
-
-    # ------------------------------------------------------------------ held entries
-
-    def _never_closed(self, inode: Inode) -> bool:
-        """A file being written that has no closed version anywhere yet."""
-        return inode.type == "file" and not inode.published and not inode.dirty \
-            and inode.ino not in self.st.queue.queued
-
-    def _hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
-        """Renamed over ``replaced`` with no closed version: the store keeps the
-        replaced entry under that name until this file's closed version lands there
-        (DESIGN.md promise 2: a name changes only when a closed version lands)."""
-        inode.held = [h for h in inode.held if h[:2] != [new_dir.dir_id, new_name.hex()]]
-        inode.held.append([dir_id_of(new_dir), new_name.hex(),
-                           self.entries._identity(replaced)["ident"]])
-        self.st.ns.save(inode)
-
-    def _take_held(self, inode: Inode, parent: Inode, name: bytes) -> str | None:
-        """The identity of the entry ``inode`` holds under ``parent/name`` (forgotten
-        here), or None."""
-        for held in inode.held:
-            if self.st.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
-                inode.held.remove(held)
-                self.st.ns.save(inode)
-                return held[2]
-        return None
-
-    def _release_held(self, inode: Inode, parent: Inode, name: bytes) -> None:
-        """Async: the name moves away or goes before a closed version landed: the entry
-        it held goes too, in log order."""
-        ident = self._take_held(inode, parent, name)
-        if ident is not None:
-            self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
-                            "name": name.hex(), "ident": ident}, dirs=[parent.ino])
-
-    async def _delete_held(self, inode: Inode, parent: Inode, name: bytes) -> None:
-        """Sync: as ``_release_held``, at once."""
-        ident = self._take_held(inode, parent, name)
-        if ident is not None:
-            await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
 
     def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
         if moving.type != "dir":
@@ -309,12 +275,14 @@ class Rename:
             if inode.published and not inode.links_pending:
                 await self._move_entry(inode, old_key, new_key, seals)
             else:
-                await self._delete_held(inode, old_dir, old[1])
-                if remote is not None and self._never_closed(inode) and not remote.link_id:
+                await self.held.delete(inode, old_dir, old[1])
+                if remote is not None and self.held.never_closed(inode) and not remote.link_id:
                     # No closed version yet: the name keeps its entry until one lands.
-                    self._hold(inode, new_dir, new_name, remote)
+                    self.held.hold(inode, new_dir, new_name, remote)
                 elif remote is not None:
                     await self.entries._store(self.st.store.delete, new_key)
+            if remote is None and target is not None:
+                self.held.hand_over(inode, target, new_dir, new_name)
             if remote is not None and remote.link_id:
                 # The replaced name was one link of a shared inode: count it out.
                 await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)

@@ -1,0 +1,85 @@
+"""Held entries: DESIGN.md promise 2 (a name changes in the store only when a closed
+version lands there) for files renamed before their first close.  A file with no closed
+version renamed over a published name leaves that name's entry in the store -- other
+nodes go on seeing the last closed version -- and remembers it (``Inode.held``: parent
+dir id, name, the entry's identity).  Its own closed version landing there replaces the
+entry (``Publish._land`` forgets the holds); moved away or unlinked first, it deletes the
+entry (sync: at once; async: a ``delete`` record in log order); renamed over by another
+file with no closed version, the hold passes to that file with the name.
+
+Knows the namespace, the metadata log and entry identities; nothing of FUSE, chunks or
+renames' store protocol.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..format.remote import entry_key
+from ..meta.namespace import Inode
+from .state import CoreState, dir_id_of
+
+if TYPE_CHECKING:
+    from .entries import EntryIO
+
+
+class HeldEntries:
+    """The holds of files renamed before their first close; no state of its own (the
+    holds live on the inodes, journaled with them)."""
+
+    def __init__(self, st: CoreState, entries: EntryIO) -> None:
+        self.st = st
+        self.entries = entries
+
+    def never_closed(self, inode: Inode) -> bool:
+        """A file being written that has no closed version anywhere yet."""
+        return inode.type == "file" and not inode.published and not inode.dirty \
+            and inode.ino not in self.st.queue.queued
+
+    def hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
+        """``inode``, with no closed version, was renamed over the published
+        ``replaced``: the store keeps that entry under the name until ``inode``'s closed
+        version lands there."""
+        self._add(inode, new_dir, new_name, self.entries._identity(replaced)["ident"])
+
+    def hand_over(self, inode: Inode, replaced: Inode, new_dir: Inode,
+                  new_name: bytes) -> str | None:
+        """``inode`` was renamed over ``replaced``, which held the entry under the name:
+        the hold goes with the name.  An ``inode`` with no entry of its own keeps it (it
+        releases it when it moves away or goes, as ``replaced`` would have); a published
+        one's entry is about to replace it.  Returns the held entry's identity, or
+        None when ``replaced`` held nothing there."""
+        ident = self.take(replaced, new_dir, new_name)
+        if ident is not None and not inode.published:
+            self._add(inode, new_dir, new_name, ident)
+        return ident
+
+    def take(self, inode: Inode, parent: Inode, name: bytes) -> str | None:
+        """The identity of the entry ``inode`` holds under ``parent/name`` (forgotten
+        here), or None."""
+        for held in inode.held:
+            if self.st.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
+                inode.held.remove(held)
+                self.st.ns.save(inode)
+                return held[2]
+        return None
+
+    def release(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Async: the name moves away or goes before a closed version landed: the entry
+        it held goes too, in log order."""
+        ident = self.take(inode, parent, name)
+        if ident is not None:
+            self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+                               "name": name.hex(), "ident": ident}, dirs=[parent.ino])
+
+    async def delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Sync: as ``release``, at once."""
+        ident = self.take(inode, parent, name)
+        if ident is not None:
+            await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
+
+    def _add(self, inode: Inode, new_dir: Inode, new_name: bytes, ident: str) -> None:
+        key = [dir_id_of(new_dir), new_name.hex()]
+        inode.held = [h for h in inode.held if h[:2] != key]
+        inode.held.append([*key, ident])
+        self.st.ns.save(inode)

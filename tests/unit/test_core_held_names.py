@@ -1,0 +1,50 @@
+"""DESIGN.md promise 2 for renames of files never closed: a name changes in the store
+only when a closed version lands there.  A file being written (no closed version yet)
+renamed over a published name leaves that name's entry in the store ("held") until its
+own closed version lands; moved away or unlinked first, it takes the entry with it.  A
+second unclosed file renamed over the first takes the hold over: otherwise moving it
+away left the held entry behind, and the name this node removed came back (here and on
+every other node) with the old version."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptfs.format.remote import Entry, entry_key
+from ckptfs.meta.namespace import ROOT_INO
+from support.core import WRITE_NEW, me
+
+pytestmark = pytest.mark.trio
+
+
+@pytest.fixture(params=["sync", "async"])
+def core_config(request) -> dict:
+    return {"durability": request.param, "upload_hold": 0.0}
+
+
+async def test_an_unclosed_file_renamed_over_a_held_name_takes_the_hold_with_it(core):
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"t", b"v1")
+    await fs.wait_idle()
+    key = entry_key("root", b"t")
+    assert store.exists(key)
+    first, _ = await fs.create(ROOT_INO, b"f1", 0o644, WRITE_NEW, 0, 0, me())
+    await fs.rename(ROOT_INO, b"f1", ROOT_INO, b"t", 0)
+    await fs.wait_idle()
+    assert store.exists(key)                 # held: t shows v1 until f1 closes
+    second, _ = await fs.create(ROOT_INO, b"f2", 0o644, WRITE_NEW, 0, 0, me())
+    await fs.rename(ROOT_INO, b"f2", ROOT_INO, b"t", 0)
+    await fs.wait_idle()
+    assert store.exists(key)                 # still held, now by f2
+    await fs.rename(ROOT_INO, b"t", ROOT_INO, b"u", 0)
+    await fs.wait_idle()
+    assert not store.exists(key), "t was moved away here but stays in the store"
+    assert not store.exists(entry_key("root", b"u")), "u has an entry before any close"
+    assert "t" not in await core.names()
+    for handle in (first, second):     # closed with nothing written: empty versions
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+    await fs.wait_idle()
+    assert not store.exists(key)
+    assert Entry.from_json(store.get(entry_key("root", b"u"))[0]).size == 0
+    assert await core.names() == ["u"]
