@@ -109,6 +109,18 @@ def read_all(mounts, rel, results, started=None):
     return threads
 
 
+def assert_one_store_copy(nodes, proxy, data: bytes, results: dict) -> list[dict]:
+    """Every node read the right bytes, the store served about one copy, and no peer
+    fetch went wrong; returns each node's ``status()["peers"]``."""
+    served = proxy.bytes_down
+    want = hashlib.sha256(data).hexdigest()
+    assert all(results[m.path] == want for m in nodes), results
+    assert served <= 1.15 * len(data), f"store served {served / len(data):.2f}x"
+    peers = [m.status()["peers"] for m in nodes]
+    assert all(p["fetch"]["wrong"] == 0 and p["fetch"]["errors"] == 0 for p in peers)
+    return peers
+
+
 def test_four_fresh_nodes_restore_one_checkpoint_for_about_one_store_copy(
         s3_store, store_proxy, make_mount):
     rel, data = write_checkpoint(make_mount, s3_store)
@@ -124,14 +136,9 @@ def test_four_fresh_nodes_restore_one_checkpoint_for_about_one_store_copy(
         t.join(120)
     for t in read_all(nodes[3:], rel, results):
         t.join(120)
-    served = proxy.bytes_down
-    want = hashlib.sha256(data).hexdigest()
-    assert all(results[m.path] == want for m in nodes), results
-    assert served <= 1.15 * len(data), f"store served {served / len(data):.2f}x"
-    peers = [m.status()["peers"] for m in nodes]
+    peers = assert_one_store_copy(nodes, proxy, data, results)
     assert sum(p["bytes_from_peers"] for p in peers) >= 2 * len(data)
     assert sum(p["bytes_from_store"] for p in peers) <= 1.15 * len(data)
-    assert all(p["fetch"]["wrong"] == 0 and p["fetch"]["errors"] == 0 for p in peers)
     assert peers[3]["bytes_from_peers"] > 0              # prefetch asked the peers too
     url = f"http://{nodes[0].status()['metrics_address']}/metrics"
     with urllib.request.urlopen(url, timeout=30) as reply:
@@ -154,15 +161,10 @@ def test_with_a_small_fanout_four_nodes_restore_through_relays_for_one_store_cop
     results: dict = {}
     for t in read_all(nodes, rel, results):
         t.join(120)
-    served = proxy.bytes_down
-    want = hashlib.sha256(data).hexdigest()
-    assert all(results[m.path] == want for m in nodes), results
-    assert served <= 1.15 * len(data), f"store served {served / len(data):.2f}x"
-    peers = [m.status()["peers"] for m in nodes]
+    peers = assert_one_store_copy(nodes, proxy, data, results)
     assert all(p["fanout"] == 2 for p in peers)
     assert sum(p["serve"]["relayed_bytes"] for p in peers) > 0     # a non-owner served
     assert sum(p["fetch"]["via_relay"] for p in peers) > 0
-    assert all(p["fetch"]["wrong"] == 0 and p["fetch"]["errors"] == 0 for p in peers)
 
 
 def test_a_node_killed_mid_restore_leaves_the_others_right_and_done(
