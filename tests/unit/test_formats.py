@@ -7,6 +7,7 @@ import pickle
 import random
 import signal
 import struct
+import subprocess
 import sys
 import zipfile
 
@@ -417,7 +418,7 @@ def test_damaged_files_give_an_answer_not_an_exception(tmp_path):
         for _ in range(300):
             bad = bytearray(good)
             at = rng.randrange(4, len(bad))
-            bad[at:at + rng.choice((1, 2, 4, 8))] = os.urandom(rng.choice((1, 2, 4, 8)))
+            bad[at:at + rng.choice((1, 2, 4, 8))] = rng.randbytes(rng.choice((1, 2, 4, 8)))
             p.write_bytes(bytes(bad[:rng.choice((len(bad), rng.randrange(len(bad))))]))
             result = check(p)
             assert result is None or (isinstance(result, str) and "\n" not in result)
@@ -512,3 +513,45 @@ def test_dcp_shard_cut_inside_a_following_archive_is_still_refused(tmp_path):
         assert check(p) is not None, tail[:8]
     p.write_bytes(one + b"\r\n")
     assert check(p) is None
+
+
+# Pickles of a few bytes whose numbers ask for memory: memo indexes (the C unpickler
+# sized its memo from them and zeroed it -- 16 GiB for LONG_BINPUT 0x40000000: the OOM
+# killer took a test worker, and would take the daemon, which checks every .pt closed in
+# the mount) and a BYTEARRAY8 length.  The numbers here ask for ~0.5 GiB, so that a
+# checker that obeys them shows it in its peak memory without endangering the machine.
+HOSTILE_PICKLES = {
+    "long_binput": b"\x80\x02N" + b"r" + struct.pack("<I", 0x02000000) + b".",
+    "put": b"\x80\x02N" + b"p" + b"33554432\n" + b".",
+    "bytearray8": b"\x80\x05" + b"\x96" + struct.pack("<Q", 1 << 29) + b"x" * 16 + b".",
+}
+CHECK_AND_MEASURE = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))     # the machine stays safe
+from ckptfs.format.checkpoints import check_complete
+fd = os.open(sys.argv[1], os.O_RDONLY)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+answer = check_complete(fd, os.fstat(fd).st_size)
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(repr((answer, grew)))
+"""
+
+
+@pytest.mark.parametrize("container", ["legacy", "archive"])
+@pytest.mark.parametrize("name", sorted(HOSTILE_PICKLES))
+def test_a_hostile_pickle_gets_an_answer_in_little_memory(tmp_path, name, container):
+    hostile = HOSTILE_PICKLES[name]
+    path = tmp_path / "hostile.pt"
+    if container == "legacy":
+        path.write_bytes(formats._LEGACY_TORCH + hostile)
+    else:
+        with zipfile.ZipFile(path, "w") as archive:       # stored, as torch.save does
+            archive.writestr("hostile/data.pkl", hostile)
+            archive.writestr("hostile/version", "3\n")
+    proc = subprocess.run([sys.executable, "-c", CHECK_AND_MEASURE, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer, grew_kib = eval(proc.stdout)
+    assert answer is None or (isinstance(answer, str) and "\n" not in answer)
+    assert grew_kib < 64 << 10, f"checking a {path.stat().st_size}-byte file took " \
+        f"{grew_kib >> 10} MiB"
