@@ -210,6 +210,10 @@ class FileState:
     wmount: int | None = None        # the mount a writer holds it open on
     pending: bytes = b""             # what that writer is writing
     written: int = 0                 # how much of it so far
+    # Renamed, before its first close, over a file with a closed version: what the
+    # other mounts go on showing under its name until its own closed version lands
+    # (DESIGN.md promise 2: a name changes only when a closed version lands there).
+    held: bytes | None = None
 
 
 def parent_of(path: str) -> str:
@@ -275,6 +279,8 @@ class Model:
                 out[path] = ("file", f.pending[:f.written])
             elif f.content is not None:
                 out[path] = ("file", f.content)
+            elif f.held is not None:
+                out[path] = ("file", f.held)
         return out
 
     def partials(self, mount: int) -> set[bytes]:
@@ -313,6 +319,7 @@ class Model:
     def close_writer(self, fid: int) -> None:
         f = self.files[fid]
         f.content, f.wmount, f.pending, f.written = f.pending, None, b"", 0
+        f.held = None
         if self.path_of(fid) is None:
             del self.files[fid]
 
@@ -321,7 +328,9 @@ class Model:
         f = self.files[fid]
         f.wmount, f.pending, f.written = None, b"", 0
         path = self.path_of(fid)
-        if f.content is None:
+        if f.content is None and f.held is not None and path is not None:
+            f.content, f.held = f.held, None     # the name shows what it held again
+        elif f.content is None:
             if path is not None:
                 del self.tree[path]
             del self.files[fid]
@@ -386,11 +395,24 @@ class Model:
             return 0
         if dv == DIR:
             return errno.EISDIR
+        moving = self.files[sv]
+        moving.held = None                   # it leaves the name it held
         if dv is not None:
+            replaced = self.files[dv]
+            if moving.content is None:       # no closed version yet: the name holds on
+                moving.held = replaced.content if replaced.content is not None \
+                    else replaced.held
             del self.tree[dst]
             self._drop(dv)
         self.tree[dst] = self.tree.pop(src)
         return 0
+
+    def holds_on_rename(self, src: str, dst: str) -> bool:
+        """Whether renaming ``src`` over ``dst`` would leave ``dst`` showing its last
+        closed version to other mounts (``FileState.held``)."""
+        sv, dv = self.fid_at(src), self.fid_at(dst)
+        return sv is not None and dv is not None and self.files[sv].content is None \
+            and (self.files[dv].content is not None or self.files[dv].held is not None)
 
     def apply(self, op: tuple) -> int:
         kind, *args = op

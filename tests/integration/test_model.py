@@ -15,7 +15,10 @@ mount shows (listing + content of every file) must be a state the model allows:
   node of a writer that still holds the file open, which shows exactly what it wrote;
 - convergence (sync durability: within the metadata TTL; async: after ``ckptfs wait``):
   every node shows the model's tree -- no closed version that was not later
-  overwritten/renamed/unlinked is lost, names follow renames and unlinks;
+  overwritten/renamed/unlinked is lost, names follow renames and unlinks -- except
+  that a file renamed before its first close over one with a closed version leaves the
+  name showing that version to other nodes until its own lands (DESIGN.md promise 2;
+  the name's last version comes back if its writer is killed);
 - the node that made a step shows it at once (POSIX on one node);
 - after racing operations, every node converges to the result of one of their two
   serial orders;
@@ -564,6 +567,10 @@ class ModelMachine(RuleBasedStateMachine):
         dst = self.pick(data, targets, "dst")
         if dst is None:
             return
+        if not self.sync and self.model.holds_on_rename(src, dst) and self.unsynced:
+            # Async: whether the store has dst's last closed version yet (the one the
+            # name holds on to) is a race the model cannot call; durable first.
+            self.sync_all()
         self.note(f"{'AB'[m]}: rename {src} -> {dst}")
         os.rename(self.abs(m, src), self.abs(m, dst))
         assert self.model.rename(src, dst) == 0
@@ -854,7 +861,8 @@ class ModelMachine(RuleBasedStateMachine):
             if what == "unlink":
                 op = ("unlink", src)
             else:
-                dst = self.pick(data, [p for p in self.free_files(m) if p != src] +
+                dst = self.pick(data, [p for p in self.free_files(m) if p != src and
+                                       (self.sync or not model.holds_on_rename(src, p))] +
                                 self.new_file_paths(), "dst")
                 if dst is None:
                     return
