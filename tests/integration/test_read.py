@@ -59,7 +59,9 @@ def test_two_live_mounts_see_each_other_within_ttl(store, make_mount):
     import shutil
     shutil.rmtree(a.path / "step-1")
     assert eventually(lambda: sorted(os.listdir(b.path)) == ["step-2"])
-    assert not (b.path / "step-1").exists()
+    # The kernel may keep B's last lookup of step-1 for one metadata TTL after the
+    # listing drops it (entry_timeout): within the TTL, as the name says.
+    assert eventually(lambda: not (b.path / "step-1").exists())
 
 
 READER = r"""

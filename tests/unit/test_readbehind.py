@@ -43,7 +43,10 @@ async def test_complete_chunks_upload_before_close_and_a_changed_one_again_at_pu
     data = bytearray(os.urandom(4 * CHUNK + 100))
     os.pwrite(fd, data, 0)                  # the kernel writes; the daemon never sees it
     early = _ids(bytes(data[:4 * CHUNK]))
-    await _until(lambda: all(chunk_key(c) in core.store.keys() for c in early))
+    # The store has a chunk a moment before its uploader counts it (the PUT's thread
+    # returns first): wait for both.
+    await _until(lambda: all(chunk_key(c) in core.store.keys() for c in early)
+                 and core.fs.st.uploader.stats.chunks_uploaded >= 4)
     assert core.fs.st.uploader.stats.chunks_uploaded == 4    # the partial tail waits
     # Patched in place after its upload, as torch's zip writer patches a header.
     data[CHUNK + 10:CHUNK + 20] = b"P" * 10
