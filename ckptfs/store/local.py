@@ -5,6 +5,7 @@ Knows nothing above the store protocol.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import uuid
@@ -12,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .base import BucketMissing, ListedObject, NotFound, PreconditionFailed, StoreError
+from .base import (AccessDenied, BucketMissing, ListedObject, NotFound, PreconditionFailed,
+                   StoreError, TransientStoreError)
 
 
 class LocalStore:
@@ -64,15 +66,32 @@ class LocalStore:
             raise StoreError(f"store directory {self.root} is not writable")
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / self.TMP_DIR
-        tmp_dir.mkdir(exist_ok=True)
-        tmp = tmp_dir / uuid.uuid4().hex
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        """``data`` in a new temp file, on disk.  A full or failing store directory is
+        a store error like any store's (an outage: retried, named in status), and
+        leaves no temp file behind."""
+        tmp = self.root / self.TMP_DIR / uuid.uuid4().hex
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._write_error(exc) from None
         return tmp
+
+    def _write_error(self, exc: OSError) -> StoreError:
+        if isinstance(exc, (NotADirectoryError, FileExistsError)):
+            return StoreError(f"cannot write the store directory {self.root}: {exc}")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return TransientStoreError(f"store directory full: {exc.strerror} ({self.root})")
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return AccessDenied(f"cannot write the store directory {self.root}: "
+                                f"{exc.strerror}")
+        return TransientStoreError(f"cannot write the store directory {self.root}: "
+                                   f"{exc.strerror or exc}")
 
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:

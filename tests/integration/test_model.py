@@ -946,10 +946,18 @@ class ModelMachine(RuleBasedStateMachine):
         if proc.returncode == 0:
             self.fail(f"`ckptfs wait` on {'AB'[i]} said done while the store was away "
                       f"({kind}) and it had closed files since")
-        status = json.loads(run_ckptfs("status", "--json", root, check=True).stdout)
-        if not status["fs"].get("store_unavailable"):
-            self.fail(f"status of {'AB'[i]} does not say the store is away ({kind}) while "
-                      f"work is pending: {status['fs']}")
+        # A node learns the store is away from a request that fails: in a hang, not
+        # before its first request times out (store_timeout), which may be after the
+        # 3 s above when the file was closed just now.
+        deadline = time.monotonic() + 2 * STORE_TIMEOUT + 5
+        while True:
+            status = json.loads(run_ckptfs("status", "--json", root, check=True).stdout)
+            if status["fs"].get("store_unavailable"):
+                return
+            if time.monotonic() > deadline:
+                self.fail(f"status of {'AB'[i]} does not say the store is away ({kind}) "
+                          f"while work is pending: {status['fs']}")
+            time.sleep(0.2)
 
     # ------------------------------------------------------------------ rules: one node racing itself
 

@@ -3,11 +3,14 @@ with a key, and listing never returns them."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 
 import pytest
 
-from ckptfs.store import LocalStore, StoreError
+from ckptfs.store import AccessDenied, LocalStore, StoreError, TransientStoreError
+from ckptfs.store import local as local_module
 
 NAMES = [".tmp-model.bin", ".tmp-x", ".tmp-", ".ckptfs-tmp", ".ckptfs-lock", "a.tmp"]
 
@@ -55,3 +58,29 @@ def test_keys_that_would_reach_the_store_s_own_files_are_refused(tmp_path, key):
     store = LocalStore(tmp_path)
     with pytest.raises(StoreError):
         store.put(key, b"x")
+
+
+@pytest.mark.parametrize("err, kind, words", [
+    (errno.ENOSPC, TransientStoreError, "store directory full"),
+    (errno.EDQUOT, TransientStoreError, "store directory full"),
+    (errno.EIO, TransientStoreError, "cannot write the store directory"),
+    (errno.EROFS, AccessDenied, "cannot write the store directory"),
+])
+def test_a_full_or_failing_store_directory_is_a_store_error_and_leaves_no_temp_file(
+        tmp_path, monkeypatch, err, kind, words):
+    # fsx filled a file:// store's disk: the raw OSError went past the retry policy and
+    # the store's health (status said nothing; the log said "fsync failed unexpectedly")
+    # and the half-written temp file stayed.  Delayed allocation reports ENOSPC at fsync.
+    store = LocalStore(tmp_path)
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(local_module.os, "fsync", failing_fsync)
+    for call in (lambda: store.put("dirs/root/f", b"x" * 1000),
+                 lambda: store.put_if_absent("dirs/root/g", b"y" * 1000)):
+        with pytest.raises(kind, match=words):
+            call()
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / LocalStore.TMP_DIR) == []
+    assert [o.key for o in store.list("")] == []
