@@ -44,6 +44,7 @@ from typing import Any
 
 FORMATS = ("torch", "safetensors", "npy", "pickle")
 MAX_HEADER = 100 * 2**20  # safetensors / npy header / pickles we are willing to read
+MAX_NPY_HEADER = 1 << 20  # numpy's np.load refuses more than 10 000 bytes by default
 _LEGACY_TORCH = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19."
 _TORCH_BOOKKEEPING = {"version", "byteorder", ".data/serialization_id", ".data/version",
                       ".format_version", ".storage_alignment"}
@@ -397,11 +398,14 @@ def _check_npy(fd: int, size: int, head: bytes) -> None:
         hlen = struct.unpack_from(fmt, head, 8)[0]
         if start + hlen > size:
             raise _Incomplete(f"npy: header of array {n} cut short ({size} bytes in file)")
+        if hlen > MAX_NPY_HEADER:
+            return  # numpy itself refuses such a header by default: not ours to judge
         try:
             text = _pread(fd, start, hlen).decode("utf-8" if major == b"\x03" else "latin1")
             header = ast.literal_eval(text)
             shape, descr = tuple(header["shape"]), header["descr"]
-        except (ValueError, SyntaxError, TypeError, KeyError, UnicodeDecodeError) as e:
+        except (ValueError, SyntaxError, TypeError, KeyError, UnicodeDecodeError,
+                RecursionError, MemoryError) as e:
             raise _Incomplete(f"npy: header of array {n} does not parse ({type(e).__name__})") from None
         itemsize = _npy_itemsize(descr)
         if itemsize is None:

@@ -555,3 +555,36 @@ def test_a_hostile_pickle_gets_an_answer_in_little_memory(tmp_path, name, contai
     assert answer is None or (isinstance(answer, str) and "\n" not in answer)
     assert grew_kib < 64 << 10, f"checking a {path.stat().st_size}-byte file took " \
         f"{grew_kib >> 10} MiB"
+
+
+def _sparse(path, head: bytes, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+def test_an_npy_header_length_as_large_as_the_file_is_not_read_whole(tmp_path):
+    # An npy header length (4 bytes in format 2 and 3) was bounded only by the file's
+    # size: a 400 MB file claiming a 400 MB header made the check read it all, decode
+    # it and hand it to ast (800 MiB; numpy itself refuses over 10 000 bytes).  A
+    # safetensors header is recognised only up to MAX_HEADER (100 MB, the library's own
+    # limit).
+    size = 400 << 20
+    path = tmp_path / "big.npy"
+    _sparse(path, b"\x93NUMPY\x02\x00" + struct.pack("<L", size - 12) + b"{", size)
+    proc = subprocess.run([sys.executable, "-c", CHECK_AND_MEASURE, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer, grew_kib = eval(proc.stdout)
+    assert answer is None or (isinstance(answer, str) and "\n" not in answer)
+    assert grew_kib < 64 << 10, f"checking it took {grew_kib >> 10} MiB"
+
+
+def test_an_npy_header_nested_past_the_parser_gets_an_answer(tmp_path):
+    # ast.literal_eval of 500 000 unary minuses raises MemoryError (parser stack),
+    # which went out of the checker as an exception instead of an answer.
+    header = b"-" * 500_000 + b"1"
+    path = tmp_path / "deep.npy"
+    path.write_bytes(b"\x93NUMPY\x02\x00" + struct.pack("<L", len(header)) + header)
+    answer = check(path)
+    assert answer is not None and "does not parse" in answer and "\n" not in answer
