@@ -48,3 +48,23 @@ async def test_an_unclosed_file_renamed_over_a_held_name_takes_the_hold_with_it(
     assert not store.exists(key)
     assert Entry.from_json(store.get(entry_key("root", b"u"))[0]).size == 0
     assert await core.names() == ["u"]
+
+
+async def test_a_published_file_renamed_over_a_held_name_replaces_the_held_entry(core):
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"t", b"v1")
+    await core.save(ROOT_INO, b"other", b"v2" * 10)
+    await fs.wait_idle()
+    held, _ = await fs.create(ROOT_INO, b"f1", 0o644, WRITE_NEW, 0, 0, me())
+    await fs.rename(ROOT_INO, b"f1", ROOT_INO, b"t", 0)          # t held: shows v1
+    await fs.rename(ROOT_INO, b"other", ROOT_INO, b"t", 0)       # a closed file over it
+    await fs.wait_idle()
+    entry = Entry.from_json(store.get(entry_key("root", b"t"))[0])
+    assert entry.size == 20                                        # other's version
+    assert not store.exists(entry_key("root", b"other"))
+    await fs.flush(held.fh)
+    await fs.release(held.fh)            # the unclosed file, now nameless, closes
+    await fs.wait_idle()
+    assert Entry.from_json(store.get(entry_key("root", b"t"))[0]).size == 20
+    assert await core.names() == ["t"]
+    assert await core.load(await core.resolve("t")) == b"v2" * 10
