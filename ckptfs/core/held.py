@@ -5,7 +5,8 @@ nodes go on seeing the last closed version -- and remembers it (``Inode.held``: 
 dir id, name, the entry's identity).  Its own closed version landing there replaces the
 entry (``Publish._land`` forgets the holds); moved away or unlinked first, it deletes the
 entry (sync: at once; async: a ``delete`` record in log order); renamed over by another
-file with no closed version, the hold passes to that file with the name.
+file, the hold goes with the name: to that file if it has no entry of its own yet,
+otherwise its own entry's move replaces the held one.
 
 Knows the namespace, the metadata log and entry identities; nothing of FUSE, chunks or
 renames' store protocol.
