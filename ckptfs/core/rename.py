@@ -345,7 +345,11 @@ class Rename:
         claim's ETag."""
         for _ in range(8):
             entry, etag = await self.entries._current_entry(inode, old_key)
-            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and \
+                    entry.moving_to != new_key:
+                # A live claim to the same new key is this rename's own, cut short by a
+                # crash and replayed from the log (or another node's identical rename:
+                # either way the outcome is the same).
                 raise FsError.enoent(f"{old_key} is being renamed by another node")
             if not inode.link_id:
                 self.entries._adopt_newer(inode, entry, etag)
