@@ -481,8 +481,7 @@ class Bench:
             ckptfs_cli("wait", str(mnt), env=self.env)
             durable = time.perf_counter() - t0
             cpu = cpu_seconds(pid) - cpu0
-            self.record_cpu_split(system, status["fs"], daemon_status(mnt, self.env)["fs"],
-                                  cpu)
+            self.record_cpu_split(system, status, daemon_status(mnt, self.env), cpu)
             self.record(system, "blocked", blocked)
             self.record(system, "blocked_in_fsync", phases["fsync"])
             self.record(system, "blocked_in_close", phases["close"])
@@ -517,11 +516,14 @@ class Bench:
 
     def record_cpu_split(self, system: str, before: dict, after: dict, cpu: float) -> None:
         """Daemon CPU per GiB written, by where it went: naming chunks (hashing) and
-        sending them (PUT) from the daemon's own counters (upload workers' thread time),
-        the rest (the FUSE loop, staging writes, metadata) by difference."""
+        sending them (PUT) from the daemon's own counters (the thread time of upload
+        workers and of the store's request threads), the rest (the FUSE loop, reading
+        staging files back, metadata, other requests) by difference."""
         gib = self.workload.total / GiB
-        hashing = after.get("upload_hash_cpu_s", 0.0) - before.get("upload_hash_cpu_s", 0.0)
-        put = after.get("upload_put_cpu_s", 0.0) - before.get("upload_put_cpu_s", 0.0)
+        hashing = after["fs"].get("upload_hash_cpu_s", 0.0) - \
+            before["fs"].get("upload_hash_cpu_s", 0.0)
+        put = after["store_stats"].get("cpu_s", {}).get("put", 0.0) - \
+            before["store_stats"].get("cpu_s", {}).get("put", 0.0)
         self.record(system, "cpu_s_per_gib_write", cpu / gib)
         self.record(system, "cpu_s_per_gib_write_hash", hashing / gib)
         self.record(system, "cpu_s_per_gib_write_put", put / gib)
@@ -729,7 +731,7 @@ def cpu_lines(line, label: str, m: dict) -> None:
 
 
 CPU_PARTS = {"hash": "naming chunks (hash)", "put": "PUT (transfer checksum, send)",
-             "rest": "FUSE loop, staging, metadata"}
+             "rest": "FUSE loop, reading staging, metadata, other requests"}
 
 
 def _ranks(summary: dict) -> str:

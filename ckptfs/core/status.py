@@ -128,9 +128,8 @@ class Status:
                 # those of them changed since their early upload (sent again).
                 "chunks_reverified": up.chunks_reverified,
                 "chunks_changed_after_upload": up.chunks_changed_after_upload,
-                # CPU seconds of upload workers naming chunks and sending them (bench).
+                # CPU seconds of upload workers naming chunks (bench); sending: store_stats.
                 "upload_hash_cpu_s": round(up.hash_cpu, 3),
-                "upload_put_cpu_s": round(up.put_cpu, 3),
                 "cache_bytes": self.st.cache.total, "corrupt_chunks": self.st.cache.corrupt_events,
                 "rotten_cache_chunks": self.st.cache.rotten,
                 "fetches_in_flight": self.st.cache.fetches_in_flight,

@@ -138,10 +138,9 @@ class UploadStats:
     bytes_deduplicated: int = 0
     publishes: int = 0
     publish_failures: int = 0
-    # CPU seconds of the upload workers (thread time), by where it went: naming chunks
-    # (hashing) and sending them (PUT, with its transfer checksum).
+    # CPU seconds of the upload workers (thread time) naming chunks (hashing); sending
+    # them runs in the store's own threads and is counted there (StoreStats.cpu_s).
     hash_cpu: float = 0.0
-    put_cpu: float = 0.0
     # Chunks read behind a writer the daemon does not see (kernel passthrough), hashed
     # again at publish: how many, and how many had changed since (uploaded again).
     chunks_reverified: int = 0
@@ -246,12 +245,8 @@ class ChunkUploader:
         if action == "head" and self.store.exists(key):
             self.liveness.uploaded(sha, generation, action)
             return sha, False, generation, False
-        started = time.thread_time()
         # A sha256 id doubles as the transfer checksum; for others the store picks one.
         self.store.put(key, view, sha256=sha256_of(sha))
-        sent = time.thread_time()
-        with self._cpu_lock:
-            self.stats.put_cpu += sent - started
         self.liveness.uploaded(sha, generation, "put" if action == "put" else "head")
         return sha, True, generation, False
 

@@ -34,7 +34,7 @@ def store_policy(deadline: float = 60.0) -> RetryPolicy:
 class _Attempt:
     """One try of a store call, run in an ``_AttemptRunner`` thread."""
 
-    __slots__ = ("fn", "event", "finished", "result", "error")
+    __slots__ = ("fn", "event", "finished", "result", "error", "cpu")
 
     def __init__(self, fn) -> None:
         self.fn = fn
@@ -42,13 +42,16 @@ class _Attempt:
         self.finished = False
         self.result = None
         self.error: BaseException | None = None
+        self.cpu = 0.0                   # the attempt thread's CPU seconds (set when finished)
 
     def run(self) -> None:
+        started = time.thread_time()
         try:
             self.result = self.fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
             self.error = exc
         finally:
+            self.cpu = time.thread_time() - started
             self.finished = True
             self.event.set()
 
@@ -142,7 +145,7 @@ class RetryingStore:
             self.stats.error("timeout")
         return exc
 
-    def _attempt(self, fn, deadline: float):
+    def _attempt(self, what: str, fn, deadline: float):
         """Run ``fn`` once; return its result, raise its error, or return ``_LATE`` if the
         deadline passed (or the store was closed) first."""
         attempt = self._runner.submit(fn)
@@ -155,6 +158,8 @@ class RetryingStore:
                 self._waiting.discard(attempt)
         if not attempt.finished:
             return _LATE
+        if self.stats:
+            self.stats.add_cpu(what, attempt.cpu)
         if attempt.error is not None:
             raise attempt.error
         return attempt.result
@@ -169,7 +174,7 @@ class RetryingStore:
             if time.monotonic() >= deadline:
                 raise self._timeout(what, key, last)
             try:
-                result = self._attempt(fn, deadline)
+                result = self._attempt(what, fn, deadline)
             except TransientStoreError as exc:
                 last = exc
                 attempt += 1
@@ -249,6 +254,9 @@ class StoreStats:
     chunk_bytes_got: int = 0
     entry_puts: int = 0                 # dirs/ entries and inodes/ objects
     error_kinds: dict[str, int] = field(default_factory=dict)   # transient|timeout|permanent
+    # CPU seconds of the threads that ran each kind of request (put, get, list, ...):
+    # building, signing and checksumming it, sending and receiving its bytes.
+    cpu_s: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def error(self, kind: str) -> None:
@@ -256,14 +264,19 @@ class StoreStats:
             self.errors += 1
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
+    def add_cpu(self, what: str, seconds: float) -> None:
+        with self._lock:
+            self.cpu_s[what] = self.cpu_s.get(what, 0.0) + seconds
+
     def add(self, **deltas: int) -> None:
         with self._lock:
             for name, value in deltas.items():
                 setattr(self, name, getattr(self, name) + value)
 
-    def snapshot(self) -> dict[str, int | dict[str, int]]:
+    def snapshot(self) -> dict[str, int | dict[str, int] | dict[str, float]]:
         with self._lock:
-            return {k: dict(v) if isinstance(v, dict) else v
+            return {k: ({n: round(x, 3) if isinstance(x, float) else x for n, x in v.items()}
+                        if isinstance(v, dict) else v)
                     for k, v in vars(self).items() if not k.startswith("_")}
 
 

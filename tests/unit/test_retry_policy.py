@@ -4,12 +4,15 @@ cache's refetch of a corrupt chunk."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 import trio.testing
 
 from ckptfs.data.publish_queue import PublishQueue
 from ckptfs.store.retrypolicy import RetryPolicy
+from ckptfs.store.retry import StoreStats
 from ckptfs.store import (MemoryStore, RetryingStore, StoreError, StoreTimeout, TransientStoreError,
                           store_policy)
 
@@ -48,6 +51,27 @@ def test_the_retrying_store_stops_after_the_policy_s_attempts():
     with pytest.raises(TransientStoreError):
         store.put("k", b"x")
     assert [c.op for c in inner.calls] == ["put"] * 3
+
+
+def test_the_cpu_of_a_store_request_is_counted_by_its_kind():
+    """The request runs in the store's own thread: its CPU is counted there, by kind
+    (the bench splits the daemon's CPU with it; the caller's thread only waits)."""
+    class Spinning(MemoryStore):
+        def put(self, key, data, sha256=None, *, if_match=None):
+            end = time.thread_time() + 0.05
+            while time.thread_time() < end:
+                pass
+            return super().put(key, data, sha256, if_match=if_match)
+
+    stats = StoreStats()
+    store = RetryingStore(Spinning(), RetryPolicy(deadline=30), stats=stats)
+    waited = time.thread_time()
+    store.put("k", b"x")
+    waited = time.thread_time() - waited
+    store.get("k")
+    cpu = stats.snapshot()["cpu_s"]
+    assert cpu["put"] >= 0.05 > waited
+    assert set(cpu) == {"put", "get"} and cpu["get"] < 0.05
 
 
 def test_the_retrying_store_needs_a_deadline():
