@@ -154,8 +154,10 @@ class WritePath:
         tracker = session.tracker
         pending = tracker.start(index)
 
-        def reading() -> None:
+        def reading() -> bool:
             pending.read_open = not tracker.closed
+            # Hashed again at publish: its pages are kept for that read.
+            return tracker.verify and pending.read_open
 
         self.st.nursery.start_soon(self._pipeline_chunk, ino, session.ver, index, pending,
                                    reading)
@@ -200,7 +202,7 @@ class WritePath:
             self.writers_waiting -= 1
 
     async def _pipeline_chunk(self, ino: int, ver: int, index: int, pending,
-                              reading: Callable[[], None] | None = None) -> None:
+                              reading: Callable[[], bool] | None = None) -> None:
         try:
             size = self.st.config.chunk_size
             pending.result = await self.st.uploader.upload(self.st.staging.path(ino, ver),

@@ -171,14 +171,15 @@ class ChunkUploader:
         self._cpu_lock = threading.Lock()     # workers add to the CPU counters
 
     async def upload(self, path: Path, offset: int, length: int,
-                     reading: Callable[[], None] | None = None) -> tuple[str, int]:
-        """``reading`` is called (on the trio thread) just before the chunk is read."""
+                     reading: Callable[[], bool] | None = None) -> tuple[str, int]:
+        """``reading`` is called (on the trio thread) just before the chunk is read; it
+        says whether the chunk will be read again (hashed again at publish): its pages
+        then stay in the page cache for that read."""
         async with self.slot() if self.slot is not None else nullcontext():
             async with self.limiter:
-                if reading is not None:
-                    reading()
+                keep_pages = reading() if reading is not None else False
                 sha, uploaded, generation, remembered = await trio.to_thread.run_sync(
-                    self._upload_sync, path, offset, length)
+                    self._upload_sync, path, offset, length, keep_pages)
         if not remembered:
             self.on_known(sha, self.liveness.memory.get(sha) or generation + 1)
         if uploaded:
@@ -189,14 +190,16 @@ class ChunkUploader:
             self.stats.bytes_deduplicated += length
         return sha, length
 
-    async def rehash(self, path: Path, offset: int, length: int) -> str:
+    async def rehash(self, path: Path, offset: int, length: int, last: bool = True) -> str:
         """The id of a chunk of a staging file as it is now (read and hashed, nothing
-        sent), under the same slot and limiter as an upload."""
+        sent), under the same slot and limiter as an upload.  ``last``: no later read
+        of it is planned (its pages may leave the page cache)."""
         async with self.slot() if self.slot is not None else nullcontext():
             async with self.limiter:
-                return await trio.to_thread.run_sync(self._rehash_sync, path, offset, length)
+                return await trio.to_thread.run_sync(self._rehash_sync, path, offset, length,
+                                                     last)
 
-    def _rehash_sync(self, path: Path, offset: int, length: int) -> str:
+    def _rehash_sync(self, path: Path, offset: int, length: int, last: bool) -> str:
         buf = self.buffers.take(length)
         view = memoryview(buf)[:length]
         try:
@@ -208,28 +211,33 @@ class ChunkUploader:
         finally:
             view.release()      # nothing else holds it: no PUT was started from it
         self.buffers.give(buf)
+        if last:
+            drop_staged_pages(path, offset, length)
         return sha
 
-    def _upload_sync(self, path: Path, offset: int, length: int) -> tuple[str, bool, int, bool]:
+    def _upload_sync(self, path: Path, offset: int, length: int,
+                     keep_pages: bool = False) -> tuple[str, bool, int, bool]:
         buf = self.buffers.take(length)
         view = memoryview(buf)[:length]
         # On an exception the view is left alone (not released) and the buffer dropped:
         # a timed-out PUT attempt may still be sending from it, and releasing a view a
         # send holds raises BufferError in place of the store's error (buffers.py).
-        result = self._upload_from(path, offset, length, view)
+        result = self._upload_from(path, offset, length, view, keep_pages)
         # Only now, the PUT returned: no attempt of it can still be reading the buffer.
         view.release()
         self.buffers.give(buf)
         return result
 
     def _upload_from(self, path: Path, offset: int, length: int,
-                     view: memoryview) -> tuple[str, bool, int, bool]:
+                     view: memoryview, keep_pages: bool) -> tuple[str, bool, int, bool]:
         _read_chunk(path, offset, length, view)
         result = self._send(view)
-        # The chunk is in the store: its staging pages need not stay in memory.  Starts
-        # their writeback now; clean ones go at once, the rest when the publish drops the
-        # file's pages again (drop_staged_pages).
-        drop_staged_pages(path, offset, length)
+        # The chunk is in the store: its staging pages need not stay in memory, unless it
+        # is to be hashed again (read behind a writer the daemon does not see: dropped
+        # pages would be read back from the disk).  Starts their writeback now; clean
+        # ones go at once, the rest when the publish drops the file's pages again.
+        if not keep_pages:
+            drop_staged_pages(path, offset, length)
         return result
 
     def _send(self, view: memoryview) -> tuple[str, bool, int, bool]:
@@ -370,7 +378,7 @@ async def chunk_list(uploader: ChunkUploader, tracker: ChunkTracker | None, path
                     result[index] = pending.result
                     return
                 try:
-                    now = await uploader.rehash(path, offset, length)
+                    now = await uploader.rehash(path, offset, length, last=tracker.closed)
                 except Exception as exc:  # collected: the first one is raised below
                     errors.append(exc)
                     return
