@@ -238,17 +238,19 @@ class Run:
                     if w.path is not None and w.path.startswith(src + "/"):
                         w.path = dst + w.path[len(src):]
 
-    def existing(self, n: int, k: int) -> str | None:
-        """The ``k``-th (modulo) name node ``n`` may rename or unlink: closed files,
-        and files it holds open itself."""
-        names = sorted(self.model.files) + sorted(
+    def _names(self, n: int) -> list[str]:
+        """The names node ``n`` may rename or unlink: closed files, and files it holds
+        open itself."""
+        return sorted(self.model.files) + sorted(
             w.path for w in self.model.writers if w.node == n and w.path is not None)
+
+    def existing(self, n: int, k: int) -> str | None:
+        """The ``k``-th (modulo) of ``_names(n)``."""
+        names = self._names(n)
         return names[k % len(names)] if names else None
 
     def index_of(self, n: int, path: str) -> int:
-        names = sorted(self.model.files) + sorted(
-            w.path for w in self.model.writers if w.node == n and w.path is not None)
-        return names.index(path)
+        return self._names(n).index(path)
 
     async def do_writer(self, op: tuple) -> None:
         """open: create a new file and hold it open, writing nothing; close: write the
