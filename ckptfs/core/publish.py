@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -30,6 +31,24 @@ log = logging.getLogger(__name__)
 # Files up to this size are checked for completeness on the trio thread (a few reads of
 # the page cache); larger ones in a worker thread.
 INLINE_CHECK_MAX = 64 << 10
+
+
+async def side_by_side(*steps: Callable[[], Awaitable[None]]) -> None:
+    """Run ``steps`` at once; once all have ended, raise the first one's failure (itself,
+    not an exception group: the errno boundary maps it)."""
+    failures: list[Exception] = []
+
+    async def run(step: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await step()
+        except Exception as exc:  # raised below, once every step ended
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        for step in steps:
+            nursery.start_soon(run, step)
+    if failures:
+        raise failures[0]
 
 
 class Publish:
@@ -192,8 +211,9 @@ class Publish:
             raise FsError(session.failed, "an earlier write failed")
         if self.st.config.durability != "sync":
             with self.st.upload_gate.busy():   # uploads wait for the writer (decision 0015)
-                await self._fsync_staged(handle.ino, session.ver)
-                await self.st._sync_journal()
+                # The staging file and the journal reach the disk side by side.
+                await side_by_side(lambda: self._fsync_staged(handle.ino, session.ver),
+                                   self.st._sync_journal)
             return
         # Sync mode: the staging file reaches the disk while the chunks reach the store
         # (both must be done before fsync returns; neither waits for the other).

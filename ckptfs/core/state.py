@@ -226,7 +226,8 @@ class CoreState:
         self.cache = cache
         self.config = config
         self.nursery = nursery
-        self.journal = JournalSync(ns.sync)     # when the journal reaches the disk
+        # When the journal reaches the disk (an fsync with nothing new committed is none).
+        self.journal = JournalSync(ns.sync, committed=ns.commits)
         self.invalidate = invalidate
         self.invalidate_entry = invalidate_entry
         # Structural check of a closed file (formats.check_complete): a reason if the

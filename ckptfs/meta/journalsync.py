@@ -36,8 +36,15 @@ SYNC_DELAY = 0.2
 
 
 class JournalSync:
-    def __init__(self, sync: Callable[[], None], delay: float = SYNC_DELAY) -> None:
+    """``committed`` (optional) counts the journal's commits (LMDB's last transaction
+    id): a ``now()`` when nothing was committed since the last fsync began returns at
+    once (a file's ``fsync`` after the background sync already covered its create)."""
+
+    def __init__(self, sync: Callable[[], None], delay: float = SYNC_DELAY,
+                 committed: Callable[[], int] | None = None) -> None:
         self._sync = sync
+        self._committed = committed
+        self._synced_commits = -1  # commits the last finished fsync covered
         self.delay = delay
         self._lock = trio.Lock()
         self._requested = 0        # requests made so far (soon and now)
@@ -63,9 +70,17 @@ class JournalSync:
             if self._synced >= mine:
                 return              # a sync that started after this call covered it
             upto = self._requested
+            commits = self._committed() if self._committed is not None else None
+            if commits is not None and commits <= self._synced_commits:
+                # Nothing committed since the last fsync began: every request so far
+                # was made after its own commit, so that fsync covered it.
+                self._synced = max(self._synced, upto)
+                return
             await trio.to_thread.run_sync(self._sync)
             self.syncs += 1
             self._synced = max(self._synced, upto)
+            if commits is not None:
+                self._synced_commits = max(self._synced_commits, commits)
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The background syncs of ``soon()`` (a task of the core's nursery)."""

@@ -63,6 +63,11 @@ class Transactions:
         for call in calls:
             call()
 
+    def commits(self) -> int:
+        """LMDB's last committed transaction id: grows with every commit, whichever
+        code path made it (a count of changes for ``JournalSync``)."""
+        return int(self.env.info()["last_txnid"])
+
     def after_commit(self, call: Callable[[], None]) -> None:
         """Run ``call`` once the current write is committed (at once outside a batch)."""
         if self._txn is None:

@@ -119,3 +119,70 @@ def test_async_changes_do_not_wait_for_the_fsync_and_fsync_does(tmp_path, monkey
             await fs.release(handle.fh)
 
     trio.run(main)
+
+
+def test_an_fsync_with_nothing_committed_since_the_last_one_runs_none(tmp_path):
+    """A file's ``fsync`` after the background sync already covered its create (the
+    usual case of a save) costs no second fsync of the journal; a commit since does."""
+    ns = Namespace(tmp_path / "meta")
+    calls: list[int] = []
+
+    def sync() -> None:
+        calls.append(ns.commits())
+        ns.sync()
+
+    journal = JournalSync(sync, committed=ns.commits)
+
+    async def main() -> None:
+        inode = ns.get(ROOT_INO)
+        ns.save(inode)
+        await journal.now()
+        assert len(calls) == 1
+        await journal.now()                 # nothing new: no fsync
+        journal.soon()
+        await journal.now()
+        assert len(calls) == 1
+        before = ns.commits()
+        ns.save(inode)                      # a commit: the next fsync must run
+        assert ns.commits() > before
+        await journal.now()
+        assert len(calls) == 2 and journal.syncs == 2
+
+    try:
+        trio.run(main)
+    finally:
+        ns.close()
+
+
+def test_an_async_fsync_syncs_the_staging_file_and_the_journal_side_by_side():
+    """Neither fsync waits for the other (they were one after the other); both end
+    before it returns, and a failure is raised as itself (an errno), not as a group."""
+    from ckptfs.core.publish import side_by_side
+    from ckptfs.errors import FsError
+
+    async def main() -> None:
+        started: list[str] = []
+        both = trio.Event()
+
+        async def step(name: str) -> None:
+            started.append(name)
+            if len(started) == 2:
+                both.set()
+            with trio.fail_after(5):
+                await both.wait()       # each waits until the other has started
+            started.append(f"{name} done")
+
+        await side_by_side(lambda: step("staging"), lambda: step("journal"))
+        assert sorted(started[2:]) == ["journal done", "staging done"]
+
+        async def fails() -> None:
+            raise FsError(5, "the disk failed")
+
+        try:
+            await side_by_side(fails, lambda: trio.sleep(0.01))
+        except FsError as exc:
+            assert exc.errno == 5
+        else:
+            raise AssertionError("the failure was not raised")
+
+    trio.run(main)
