@@ -293,8 +293,25 @@ class ModelMachine(RuleBasedStateMachine):
 
     def fail(self, text: str) -> None:
         steps = "\n".join(f"  {n + 1}. {s}" for n, s in enumerate(self.history))
-        raise ModelFailure(f"{text}\nsteps so far:\n{steps}\n(state dirs and logs under "
-                           f"{self.dir} when CKPTFS_MODEL_KEEP=1)")
+        raise ModelFailure(f"{text}\nsteps so far:\n{steps}\n{self.log_excerpt()}"
+                           f"(state dirs and logs under {self.dir} when CKPTFS_MODEL_KEEP=1)")
+
+    def log_excerpt(self, lines: int = 30) -> str:
+        """Each daemon's last warnings, errors and rename lines: a failure a soak finds
+        seldom comes back when replayed, and its logs go with its example's directory
+        (seed 1202002: "after rename f0 -> f2 on B, f0 is still there", no log kept)."""
+        notable = re.compile(r" (WARNING|ERROR|CRITICAL) |rename|lost a race|claim")
+        out = []
+        for log in daemon_logs(self.dir):
+            try:
+                text = log.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            picked = [line for line in text if notable.search(line)][-lines:]
+            if picked:
+                out.append(f"{log.relative_to(self.dir)}, last notable lines:\n" +
+                           "\n".join("    " + line for line in picked))
+        return "\n".join(out) + "\n" if out else ""
 
     def new_version(self, size: int) -> tuple[int, bytes]:
         self.vid += 1
