@@ -20,6 +20,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_k
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
+from .critical import no_await
 from .state import CoreState, dir_id_of, link_id_of
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,21 @@ class EntryIO:
 
     def __init__(self, st: CoreState) -> None:
         self.st = st
+
+    @no_await
+    def adopt(self, parent: int, name: bytes, entry: Entry, etag: str | None) -> Inode:
+        """A name this node learns from an entry the store has (a listing; a held entry
+        shown again): a published inode of its own (no await)."""
+        size = len(entry.target) if entry.target is not None else entry.size
+        return self.st.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid,
+                                    entry.gid, size=size, chunks=entry.chunks,
+                                    published=True, remote_etag=etag, dir_id=entry.id,
+                                    target=entry.target, mtime_ns=entry.mtime_ns,
+                                    rdev=entry.rdev, xattrs=dict(entry.xattrs),
+                                    link_id=entry.link,
+                                    remote_nlink=entry.nlink if entry.link else 0,
+                                    staged=entry.staged and entry.type == "dir",
+                                    sealed_at=entry.sealed_at)
 
     def _entry_of(self, inode: Inode) -> Entry:
         """The entry a name of ``inode`` has in its directory: the whole object, or for

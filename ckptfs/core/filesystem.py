@@ -126,7 +126,8 @@ class Filesystem:
                                  delete_inode=lambda inode: self.publisher._delete_inode(inode))
         self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
                           journal_publish=lambda inode: self.publisher._journal_publish(inode))
-        self.publisher = Publish(st, entries=self.entries, seals=self.seals, writes=self.writes)
+        self.publisher = Publish(st, entries=self.entries, seals=self.seals, writes=self.writes,
+                                 held=self.held)
         self.attrs = Attributes(st, entries=self.entries, publisher=self.publisher,
                                 writes=self.writes)
         self.names = Names(st, entries=self.entries, refresher=self.refresher,

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..format.remote import entry_key
-from ..meta.namespace import Inode
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key
+from ..meta.namespace import ROOT_INO, Inode
+from .critical import no_await
 from .state import CoreState, dir_id_of
 
 if TYPE_CHECKING:
@@ -40,8 +41,10 @@ class HeldEntries:
     def hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
         """``inode``, with no closed version, was renamed over the published
         ``replaced``: the store keeps that entry under the name until ``inode``'s closed
-        version lands there."""
-        self._add(inode, new_dir, new_name, self.entries._identity(replaced)["ident"])
+        version lands there.  The entry is kept with the hold too, to show it again here
+        if ``inode`` never gets a closed version (``show_again``)."""
+        self._add(inode, new_dir, new_name, self.entries._identity(replaced)["ident"],
+                  self.entries._entry_of(replaced).to_json().decode())
 
     def hand_over(self, inode: Inode, replaced: Inode, new_dir: Inode,
                   new_name: bytes) -> str | None:
@@ -50,20 +53,48 @@ class HeldEntries:
         releases it when it moves away or goes, as ``replaced`` would have); a published
         one's entry is about to replace it.  Returns the held entry's identity, or
         None when ``replaced`` held nothing there."""
-        ident = self.take(replaced, new_dir, new_name)
-        if ident is not None and not inode.published:
-            self._add(inode, new_dir, new_name, ident)
-        return ident
+        held = self._take(replaced, new_dir, new_name)
+        if held is not None and not inode.published:
+            self._add(inode, new_dir, new_name, *held[2:])
+        return held[2] if held is not None else None
 
     def take(self, inode: Inode, parent: Inode, name: bytes) -> str | None:
         """The identity of the entry ``inode`` holds under ``parent/name`` (forgotten
         here), or None."""
+        held = self._take(inode, parent, name)
+        return held[2] if held is not None else None
+
+    def _take(self, inode: Inode, parent: Inode, name: bytes) -> list[str] | None:
         for held in inode.held:
             if self.st.oplog.resolve(held[0]) == parent.dir_id and held[1] == name.hex():
                 inode.held.remove(held)
                 self.st.ns.save(inode)
-                return held[2]
+                return held
         return None
+
+    @no_await
+    def show_again(self, inode: Inode) -> None:
+        """``inode`` leaves without a closed version (its writer was killed, it failed):
+        each name it held shows the entry it held again, here and now, from the copy
+        kept with the hold -- not from the next listing, which a store that is away
+        cannot give.  (The store still has the entry: nothing is written there.)  A name
+        taken since, or a hold recorded before copies were kept, is left to the next
+        listing.  Called before the inode loses its names."""
+        for held in inode.held:
+            if len(held) < 4:
+                continue
+            dir_id = self.st.oplog.resolve(held[0])
+            parent = ROOT_INO if dir_id == dir_id_of(self.st.ns.get(ROOT_INO)) \
+                else self.st.ns.ino_of_dir_id(dir_id)
+            name = bytes.fromhex(held[1])
+            if parent is None or self.st.ns.lookup(parent, name) not in (None, inode.ino):
+                continue
+            try:
+                entry = Entry.from_json(held[3].encode(), MAX_CHUNK_SIZE)
+            except BadEntry:
+                continue
+            self.st.ns.unlink(inode, parent, name)
+            self.entries.adopt(parent, name, entry, None)
 
     def release(self, inode: Inode, parent: Inode, name: bytes) -> None:
         """Async: the name moves away or goes before a closed version landed: the entry
@@ -79,8 +110,9 @@ class HeldEntries:
         if ident is not None:
             await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
 
-    def _add(self, inode: Inode, new_dir: Inode, new_name: bytes, ident: str) -> None:
+    def _add(self, inode: Inode, new_dir: Inode, new_name: bytes, ident: str,
+             body: str | None = None) -> None:
         key = [dir_id_of(new_dir), new_name.hex()]
         inode.held = [h for h in inode.held if h[:2] != key]
-        inode.held.append([*key, ident])
+        inode.held.append([*key, ident] + ([body] if body is not None else []))
         self.st.ns.save(inode)

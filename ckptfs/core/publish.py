@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .entries import EntryIO
+    from .held import HeldEntries
     from .seal import Seal
     from .write import WritePath
 
@@ -56,9 +57,9 @@ class Publish:
     kernel (``_stale_entries``)."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
-                 writes: WritePath) -> None:
+                 writes: WritePath, held: HeldEntries) -> None:
         self.st = st
-        self.entries = entries
+        self.entries, self.held = entries, held
         self.seals = seals
         self.writes = writes
         self._stale_entries: list[tuple[int, bytes]] = []   # names to drop from the kernel
@@ -284,10 +285,10 @@ class Publish:
             for parent, name in inode.names:   # every name: it never had a closed version
                 self.st._touch_dir(parent)
                 self._stale_entries.append((parent, name))
-            # An entry it held in the store (renamed over a published file) stays: the
-            # next listing shows the previous version under that name again.
+            self.held.show_again(inode)     # a name it held shows that entry again
             inode.held = []
-            self.st.ns.unlink(inode, all_names=True)
+            if inode.parent:
+                self.st.ns.unlink(inode, all_names=True)
         self.st.invalidate(inode.ino)
 
     async def publish_now(self, ino: int) -> None:

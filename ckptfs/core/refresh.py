@@ -187,7 +187,7 @@ class Refresh:
                     continue
                 holder = self._holder_of(entry)
                 if holder is None:
-                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    self.entries.adopt(dir_inode.ino, name, entry, etag)
                     continue
                 # Another name of a hard-linked inode this node knows already.
                 self.st.ns.add_name(holder, dir_inode.ino, name)
@@ -201,7 +201,7 @@ class Refresh:
                 self._forget_subtree(inode, dir_inode.ino, name)
                 holder = self._holder_of(entry)
                 if holder is None:
-                    self._adopt_entry(dir_inode.ino, name, entry, etag)
+                    self.entries.adopt(dir_inode.ino, name, entry, etag)
                     continue
                 self.st.ns.add_name(holder, dir_inode.ino, name)
                 inode = holder
@@ -343,19 +343,6 @@ class Refresh:
                           dir_prefix(dir_id_of(dir_inode)), reason)
                 corrupt.add(name)
                 del fetched[name]
-
-    @no_await
-    def _adopt_entry(self, parent: int, name: bytes, entry: Entry, etag: str) -> Inode:
-        size = len(entry.target) if entry.target is not None else entry.size
-        return self.st.ns.new_inode(parent, name, entry.type, entry.mode, entry.uid,
-                                    entry.gid,
-                                 size=size, chunks=entry.chunks, published=True,
-                                 remote_etag=etag, dir_id=entry.id, target=entry.target,
-                                 mtime_ns=entry.mtime_ns, rdev=entry.rdev,
-                                 xattrs=dict(entry.xattrs), link_id=entry.link,
-                                 remote_nlink=entry.nlink if entry.link else 0,
-                                 staged=entry.staged and entry.type == "dir",
-                                 sealed_at=entry.sealed_at)
 
     @no_await
     def _forget_subtree(self, inode: Inode, parent: int | None = None,

@@ -68,3 +68,25 @@ async def test_a_published_file_renamed_over_a_held_name_replaces_the_held_entry
     assert Entry.from_json(store.get(entry_key("root", b"t"))[0]).size == 20
     assert await core.names() == ["t"]
     assert await core.load(await core.resolve("t")) == b"v2" * 10
+
+
+async def test_a_killed_writer_s_held_name_shows_its_old_version_while_the_store_is_away(core):
+    """The name it held shows the version it held again at once, from what this node
+    knew: it waited for the next listing, and while the store refused connections the
+    name was gone here (the model test, soak seed 1203002: "mount A does not show its own
+    step: 'f2': expected 0 bytes = v3, shows nothing")."""
+    from ckptfs.store import TransientStoreError
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"t", b"v1")
+    await fs.wait_idle()
+    handle, _ = await fs.create(ROOT_INO, b"f1", 0o644, WRITE_NEW, 0, 0, me())
+    await fs.rename(ROOT_INO, b"f1", ROOT_INO, b"t", 0)
+    await fs.wait_idle()
+    for op in ("list", "get", "exists"):
+        store.fail(op, TransientStoreError("connection refused"), times=10_000)
+    fs.died_unclean = lambda opener: True       # injected: its writer "was killed"
+    await fs.flush(handle.fh)
+    await fs.release(handle.fh)
+    assert await core.names() == ["t"]
+    inode = await fs.lookup(ROOT_INO, b"t")
+    assert inode.size == 2 and inode.published
