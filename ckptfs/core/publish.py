@@ -219,29 +219,24 @@ class Publish:
         # Sync mode: the staging file reaches the disk while the chunks reach the store
         # (both must be done before fsync returns; neither waits for the other).
         size = self.st.staging.size(handle.ino, session.ver)
-        failures: list[Exception] = []
 
         async def to_disk() -> None:
+            await self._fsync_staged(handle.ino, session.ver)
+            await self.st._sync_journal()
+
+        async def to_store() -> None:
             try:
-                await self._fsync_staged(handle.ino, session.ver)
-                await self.st._sync_journal()
-            except Exception as exc:  # raised below, after the uploads ended too
-                failures.append(exc)
+                await chunk_list(self.st.uploader, session.tracker,
+                                 self.st.staging.path(handle.ino, session.ver), size,
+                                 self.st.config.chunk_size)
+            except StoreError as exc:
+                raise FsError(errno.EIO, f"upload failed: {exc}") from None
 
         self.st._ref(rt, session.ver)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(to_disk)
-                try:
-                    await chunk_list(self.st.uploader, session.tracker,
-                                     self.st.staging.path(handle.ino, session.ver), size,
-                                     self.st.config.chunk_size)
-                except StoreError as exc:
-                    failures.append(FsError(errno.EIO, f"upload failed: {exc}"))
+            await side_by_side(to_disk, to_store)
         finally:
             self.st._unref(handle.ino, rt, session.ver)
-        if failures:
-            raise failures[0] from None
 
     async def _fsync_staged(self, ino: int, ver: int) -> None:
         """fsync a staging version in a worker thread, through a descriptor of its own
