@@ -108,9 +108,24 @@ class Refresh:
             event.set()
 
     async def _refresh_dir(self, dir_inode: Inode) -> None:
-        """List, fetch what is new or changed, then apply with no ``await``."""
+        """List, fetch what is new or changed, then apply with no ``await``.
+
+        This task begins at trio's next checkpoint, not when ``refresh_dir`` started
+        it: the unlink or rename that started it may have journaled its record and
+        counted its change meanwhile.  Its change count would then match at the apply,
+        and the store, listed before the record ran, would bring the removed name
+        back.  So a directory with records of this node pending is not listed here
+        (as in ``refresh_dir``), and one that gains records during the listing applies
+        nothing."""
+        if self.st.oplog.is_busy(dir_inode.ino):
+            return
         started = time.time()
         mutations = self.st.dir_marks.changes(dir_inode.ino)
+        # What the store had of each name here before the listing: an entry this node
+        # rewrote meanwhile (a hard-linked inode's chown goes to the store at once,
+        # without a record) is newer here than what the listing fetched.
+        etags_before = {ino: self.st.ns.get(ino).remote_etag
+                        for _, ino in self.st.ns.children(dir_inode.ino)}
         remote = await self._list_names(dir_inode)
         fetched, corrupt = await self._fetch_changed(dir_inode, remote)
         # Apply: no await from here on.
@@ -118,8 +133,9 @@ class Refresh:
         if not dir_inode.parent and dir_inode.ino != ROOT_INO:
             return
         changed_locally = (self.st.dir_marks.changes(dir_inode.ino) != mutations
-                           or self.st.dir_marks.is_busy(dir_inode.ino))
-        self._apply_listing(dir_inode, remote, fetched, corrupt, changed_locally)
+                           or self.st.dir_marks.is_busy(dir_inode.ino)
+                           or self.st.oplog.is_busy(dir_inode.ino))
+        self._apply_listing(dir_inode, remote, fetched, corrupt, changed_locally, etags_before)
         self._corrupt[dir_inode.ino] = corrupt
         dir_inode.listed_at = started
         self.st.ns.save(dir_inode)
@@ -174,9 +190,10 @@ class Refresh:
 
     @no_await
     def _apply_listing(self, dir_inode: Inode, remote: dict, fetched: dict, corrupt: set,
-                       changed_locally: bool) -> None:
+                       changed_locally: bool, etags_before: dict[int, str | None]) -> None:
         """The apply phase (plain ``def``: no await between related changes).  A
-        directory this node changed meanwhile only gains nothing and loses nothing."""
+        directory this node changed meanwhile only gains nothing and loses nothing; an
+        inode whose entry this node rewrote since the listing began keeps its own."""
         local = dict(self.st.ns.children(dir_inode.ino))
         if not changed_locally:
             self._drop_hostile_dir_ids(dir_inode, fetched, remote, local, corrupt)
@@ -193,7 +210,9 @@ class Refresh:
                 self.st.ns.add_name(holder, dir_inode.ino, name)
                 ino = holder.ino
             inode = self.st.ns.get(ino)
-            if inode.dirty or self.st._writers(ino) or changed_locally or not inode.published:
+            if inode.dirty or self.st._writers(ino) or changed_locally or not inode.published \
+                    or self.st._locked(ino) \
+                    or inode.remote_etag != etags_before.get(ino, inode.remote_etag):
                 continue
             if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id) \
                     or (inode.link_id != entry.link and

@@ -26,12 +26,15 @@ CS = 64 << 10
 NAMES = [b"x", b"y", b"z"]
 
 
-@pytest.fixture
-def core_config() -> dict:
+@pytest.fixture(params=[0.0, 0.02], ids=["ttl0", "ttl20ms"])
+def core_config(request) -> dict:
     # metadata_ttl 0: every lookup lists the store again when its directory is not busy,
-    # so a store answer that disagrees with this node shows at once.
+    # so a store answer that disagrees with this node shows at once.  A short TTL: a
+    # lookup in a directory changed here within it lists in the background without
+    # waiting, and that listing may begin after the step that started it journaled its
+    # record (test_core_listing_after_removal.py).
     return {"durability": "async", "chunk_size": CS, "stale_wait": 5.0,
-            "metadata_ttl": 0.0}
+            "metadata_ttl": request.param}
 
 
 def store_view(store, dir_id: str) -> dict[bytes, tuple]:

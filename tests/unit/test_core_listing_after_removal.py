@@ -1,0 +1,81 @@
+"""A listing must never bring back a name this node removed (async mode, one node).
+
+The model test found it twice in soaks ("after rename X -> Y on a node, X is still there";
+kept once as: save f0, save f1, unlink f1 -> f1 still listed, the store without it).  A
+lookup in a directory this node changed within the TTL starts a listing in the background
+and does not wait for it.  The listing task begins only at trio's next checkpoint: after
+the unlink (or rename) it was started for has journaled its record and counted its change.
+It then counted "no change since I began", listed the store before the record's delete
+ran, and adopted the removed name as another node's.  A listing that begins while this
+node's records for the directory are pending must gain nothing and lose nothing."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+import trio
+import trio.testing
+
+from ckptfs.errors import FsError
+from ckptfs.format.remote import entry_key
+from ckptfs.meta.namespace import ROOT_INO
+
+pytestmark = pytest.mark.trio
+TTL = 0.3
+
+
+@pytest.fixture
+def core_config() -> dict:
+    return {"durability": "async", "upload_hold": 0.0, "metadata_ttl": TTL}
+
+
+async def listing_out_of_date(core) -> None:
+    """The root's listing is older than the TTL, and this node changed the root within
+    it (a save): the next lookup lists again in the background without waiting."""
+    await core.fs.listdir(ROOT_INO)
+    listed = trio.current_time()
+    await trio.sleep(TTL * 0.6)
+    await core.save(ROOT_INO, b"f0", b"")
+    await core.fs.wait_idle()
+    await trio.sleep_until(listed + TTL * 1.2)
+
+
+async def settle() -> None:
+    """Until every task of the core is blocked (the background listing has applied)."""
+    with trio.fail_after(10):
+        await trio.testing.wait_all_tasks_blocked(cushion=0.2)
+
+
+async def test_an_unlinked_name_stays_gone_while_its_delete_is_pending(core):
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"f1", b"")
+    await fs.wait_idle()
+    await listing_out_of_date(core)
+    deleting = store.gate("delete", prefix=entry_key("root", b"f1"))
+    await fs.unlink(ROOT_INO, b"f1")
+    await settle()
+    assert await core.names() == ["f0"], "a listing brought back the name unlinked here"
+    with pytest.raises(FsError) as caught:
+        await fs.lookup(ROOT_INO, b"f1")
+    assert caught.value.errno == errno.ENOENT
+    deleting.release()
+    await fs.wait_idle()
+    assert not store.exists(entry_key("root", b"f1"))
+    assert await core.names() == ["f0"]
+
+
+async def test_a_renamed_name_stays_gone_while_its_move_is_pending(core):
+    fs, store = core.fs, core.store
+    await core.save(ROOT_INO, b"x", b"data")
+    await fs.wait_idle()
+    await listing_out_of_date(core)
+    moving = store.gate("delete", prefix=entry_key("root", b"x"))
+    await fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", 0)
+    await settle()
+    assert await core.names() == ["f0", "y"], "a listing brought back the name moved away"
+    moving.release()
+    await fs.wait_idle()
+    assert not store.exists(entry_key("root", b"x"))
+    assert await core.names() == ["f0", "y"]
+    assert await core.load(await core.resolve("y")) == b"data"
