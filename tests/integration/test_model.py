@@ -217,10 +217,17 @@ class ModelMachine(RuleBasedStateMachine):
         self.history: list[str] = []
         self.generation = [0, 0]
         self.mounts: list[Mount] = []
+        self.started: list[Mount] = []        # every mount begun, for teardown
         self.tmpfs: list[Path] = []           # state dirs mounted as a tmpfs
         self.full_node: int | None = None     # the node whose state dir is full
-        for i in (0, 1):
-            self.mounts.append(self._new_mount(i))
+        try:
+            for i in (0, 1):
+                self.mounts.append(self._new_mount(i))
+        except BaseException:
+            # Hypothesis calls teardown only on a machine it got: a node that failed
+            # to start must not leave the other's daemon, mount and tmpfs behind.
+            self._stop_everything()
+            raise
 
     # ------------------------------------------------------------------ plumbing
 
@@ -231,6 +238,7 @@ class ModelMachine(RuleBasedStateMachine):
     def _new_mount(self, i: int) -> Mount:
         self.generation[i] += 1
         mount = Mount(self.dir, self.store, f"{'AB'[i]}{self.generation[i]}")
+        self.started.append(mount)
         if STATE_MIB:
             mount.state_dir.mkdir()
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STATE_MIB}m", "tmpfs",
@@ -263,16 +271,24 @@ class ModelMachine(RuleBasedStateMachine):
                     durability=self.ctx.durability,
                     faults=self.faults.plan(), preexec_fn=_low_nofile if NOFILE else None)
 
-    def teardown(self) -> None:
+    def _stop_everything(self) -> None:
+        """Writers, daemons (every mount ever begun, also one whose start failed or
+        that a step replaced), mounts, the fault proxy and the tmpfs state dirs."""
         for _, writer in self.writers.values():
             writer.kill()
         self.faults.end()
-        for mount in self.mounts:
+        for mount in self.started:
             if mount.pid:
-                mount.kill()
+                try:
+                    mount.kill()
+                except ProcessLookupError:
+                    pass
             mount.cleanup()
         self.faults.close()
         self._drop_tmpfs()
+
+    def teardown(self) -> None:
+        self._stop_everything()
         # The logs are checked here, before the example's directory goes: the test's
         # own log check (logcheck.py) runs after every example is gone.
         allowed = [re.compile(p) for p in OUTAGE_ERRORS]
