@@ -378,6 +378,10 @@ class Refresh:
         if parent is None:
             parent, name = inode.parent, inode.name
         self.st.ns.unlink(inode, parent, name)
+        if self.st.invalidate_entry is not None and name is not None:
+            # The kernel forgets the dentry now, not at its entry timeout (a task: the
+            # notification must not be awaited inside the apply phase).
+            self.st.nursery.start_soon(self.st.invalidate_entry, parent, name)
         if not inode.parent and not self.st._is_open(inode.ino):
             self.delete_inode(inode)
         self.st.invalidate(inode.ino)

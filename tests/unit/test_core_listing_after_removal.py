@@ -79,3 +79,28 @@ async def test_a_renamed_name_stays_gone_while_its_move_is_pending(core):
     assert not store.exists(entry_key("root", b"x"))
     assert await core.names() == ["f0", "y"]
     assert await core.load(await core.resolve("y")) == b"data"
+
+
+async def test_a_name_another_node_removed_leaves_the_kernel_s_dentry_cache(tmp_path):
+    """When a listing finds a name gone from the store (another node removed it), the
+    kernel is told to forget that dentry at once: it kept answering lookups by path with
+    the dead name for up to its entry timeout after the daemon had dropped it."""
+    from ckptfs.core import Config
+    from ckptfs.store.memory import MemoryStore
+    from support.core import Core, open_core
+    store = MemoryStore(gate_limit=30)
+    forgotten: list[tuple[int, bytes]] = []
+
+    async def invalidate_entry(parent: int, name: bytes) -> None:
+        forgotten.append((parent, name))
+
+    config = Config(durability="async", upload_hold=0.0, metadata_ttl=0.0)
+    async with open_core(tmp_path, store, config, invalidate_entry=invalidate_entry) as fs:
+        core = Core(fs, store)
+        await core.save(ROOT_INO, b"gone", b"x")
+        await core.save(ROOT_INO, b"kept", b"y")
+        await fs.wait_idle()
+        store.delete(entry_key("root", b"gone"))        # another node's unlink
+        assert await core.names() == ["kept"]
+        await settle()
+        assert forgotten == [(ROOT_INO, b"gone")]
