@@ -321,9 +321,13 @@ class Run:
         return seen
 
 
-async def run_program(base: Path, durability: str, program: list[tuple]) -> None:
+async def run_program(base: Path, durability: str, program: list[tuple],
+                      ttl: float = 0.0) -> None:
+    """``ttl``: the metadata TTL.  0: every lookup lists again and waits for it; above
+    0, a lookup in a directory the node changed within it lists in the background and
+    goes on (the window where a listing begins after the step that started it)."""
     store = MemoryStore(gate_limit=30)
-    config = Config(durability=durability, chunk_size=CS, metadata_ttl=0.0,
+    config = Config(durability=durability, chunk_size=CS, metadata_ttl=ttl,
                     stale_wait=0.5)
     async with open_core(base / "a", store, config) as a, \
             open_core(base / "b", store, config) as b:
@@ -336,12 +340,13 @@ async def run_program(base: Path, durability: str, program: list[tuple]) -> None
 @settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(durability=st.sampled_from(["sync", "async"]),
-       program=st.lists(step, min_size=6, max_size=40))
+       program=st.lists(step, min_size=6, max_size=40),
+       ttl=st.sampled_from([0.0, 0.02]))
 def test_two_nodes_over_one_store_converge_and_never_show_a_torn_file(
-        tmp_path, caplog, durability, program):
+        tmp_path, caplog, durability, program, ttl):
     caplog.clear()
     with tempfile.TemporaryDirectory(dir=tmp_path) as base:
-        trio.run(run_program, Path(base), durability, program)
+        trio.run(run_program, Path(base), durability, program, ttl)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors          # a legitimate program logs no error
 
