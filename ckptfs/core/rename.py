@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+RENAME_ATTEMPTS = 5
+
+
+class TargetChanged(FsError):
+    """The target name changed while a rename waited; nothing was changed yet."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EAGAIN, "the target changed while renaming")
+
+
 class Rename:
     """Renames and exchanges; no state of its own."""
 
@@ -56,6 +66,22 @@ class Rename:
             await self._exchange(old_parent, old_name, new_parent, new_name)
             return
         check_name_or_raise(new_name)
+        # The kernel keeps other requests out of both directories, but this node's own
+        # background work (a killed writer's file going, a listing) may change the
+        # target while the rename waits: it is decided again, as if it came a moment
+        # later, instead of failing with an errno no program expects from rename(2).
+        for attempt in range(RENAME_ATTEMPTS):
+            try:
+                await self._rename(old_parent, old_name, new_parent, new_name, flags)
+                return
+            except TargetChanged:
+                if attempt == RENAME_ATTEMPTS - 1:
+                    raise
+                log.debug("rename %r -> %r: the target changed meanwhile; again",
+                          old_name, new_name)
+
+    async def _rename(self, old_parent: int, old_name: bytes, new_parent: int,
+                      new_name: bytes, flags: int) -> None:
         inode = await self.names.lookup(old_parent, old_name)
         new_dir = self.st._dir(new_parent)
         await self.refresher.refresh_dir(new_parent)
@@ -83,7 +109,7 @@ class Rename:
             # The store steps below act at once: after the records pending now.
             await self.st.follow_the_log("rename")
             if self.st.ns.lookup(new_parent, new_name) != (target.ino if target else None):
-                raise FsError(errno.EAGAIN, "the target changed while renaming")
+                raise TargetChanged()
             target = self.st.ns.get(target.ino) if target is not None else None
         if inode.type == "dir":
             # The renamed tree must appear complete: let its pending uploads land first.
@@ -122,7 +148,7 @@ class Rename:
             if not inode.parent or self.st.ns.lookup(old_parent, old_name) != inode.ino:
                 raise FsError.enoent("removed while renaming")
             if self.st.ns.lookup(new_parent, new_name) != target_ino:
-                raise FsError(errno.EAGAIN, "the target changed while renaming")
+                raise TargetChanged()
             old_dir, new_dir = self.st.ns.get(old_parent), self.st._dir(new_parent)
             record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
                       "name": old_name.hex(), "to_id": new_dir.dir_id,
