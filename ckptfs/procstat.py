@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import select
+from collections import OrderedDict
 from dataclasses import dataclass
 
 PF_EXITING = 0x4
@@ -69,7 +71,8 @@ def died_unclean(opener: Opener) -> bool:
     return False  # nobody left to ask: someone who inherited the descriptor closed it
 
 
-def holds_for_writing(pid: int, ino: int, device: bytes) -> bool:
+def holds_for_writing(pid: int, ino: int, device: bytes,
+                      tables: "MountTables | None" = None) -> bool:
     """Does process ``pid`` still hold a descriptor open for writing on inode ``ino`` of
     our mount (``device``: its ``major:minor`` in mountinfo)?  A FLUSH comes at every
     close: a forked child's, a ``subprocess`` closing its close-on-exec copy, a dup's.
@@ -79,8 +82,9 @@ def holds_for_writing(pid: int, ino: int, device: bytes) -> bool:
     point at another path has another mount id and path): the mount points of our
     device come from ``/proc/<pid>/mountinfo``, descriptors from ``/proc/<pid>/fd``
     (link targets are names the kernel already has: no request to our own mount), and
-    ``fdinfo`` (``mnt_id``, ``ino``, ``flags``) is read only for descriptors under them."""
-    mounts = _mounts_of_device(pid, device)
+    ``fdinfo`` (``mnt_id``, ``ino``, ``flags``) is read only for descriptors under them.
+    ``tables`` keeps each namespace's mount table between calls (``MountTables``)."""
+    mounts = tables.of(pid, device) if tables is not None else _mounts_of_device(pid, device)
     if not mounts:
         return False
     prefixes = [mp.rstrip(b"/") + b"/" for mp in mounts.values()]
@@ -107,15 +111,102 @@ def holds_for_writing(pid: int, ino: int, device: bytes) -> bool:
 def _mounts_of_device(pid: int | str, device: bytes) -> dict[int, bytes]:
     try:
         with open(f"/proc/{pid}/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
+            return _of_device(f.read(), device)
     except OSError:
         return {}
+
+
+def _of_device(mountinfo: bytes, device: bytes) -> dict[int, bytes]:
+    """Mount id -> mount point of every mount of ``device`` in a mountinfo text."""
     out = {}
-    for line in lines:
+    for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[2] == device:
             out[int(fields[0])] = _unescape(fields[4])
     return out
+
+
+class MountTables:
+    """Each mount namespace's mount table, kept between closes and read again only when
+    the kernel says it changed: a ``poll`` of an open ``mountinfo`` reports ``POLLPRI``
+    after any mount or unmount in its namespace since the previous poll.  Reading and
+    parsing it at every close was most of a small file's close, more so on a node with
+    hundreds of mounts.  Keeps one descriptor per namespace, at most ``keep``, the least
+    recently asked closed first.  One thread only (the daemon's trio thread)."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self.reads = 0
+        # (st_dev, st_ino) of the namespace -> (descriptor, its poller, its text)
+        self._tables: OrderedDict[tuple[int, int], tuple[int, select.poll, bytes]] = \
+            OrderedDict()
+
+    def of(self, pid: int, device: bytes) -> dict[int, bytes]:
+        """Mount id -> mount point of ``device``'s mounts in ``pid``'s namespace; empty
+        if the process is gone (or its table cannot be read)."""
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return {}
+        key = (ns.st_dev, ns.st_ino)
+        kept = self._tables.get(key)
+        if kept is not None:
+            fd, poller, text = kept
+            self._tables.move_to_end(key)
+            if not poller.poll(0):              # no event: the table is as read
+                return _of_device(text, device)
+            fresh = self._read(fd)
+            if fresh is None:
+                self._drop(key)
+                return {}
+            self._tables[key] = (fd, poller, fresh)
+            return _of_device(fresh, device)
+        return _of_device(self._open(pid, key), device)
+
+    def _open(self, pid: int, key: tuple[int, int]) -> bytes:
+        try:
+            fd = os.open(f"/proc/{pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return b""
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI | select.POLLERR)
+        text = self._read(fd)
+        try:
+            same = os.stat(f"/proc/{pid}/ns/mnt")
+            same_ns = (same.st_dev, same.st_ino) == key
+        except OSError:
+            same_ns = False
+        if text is None or not same_ns:        # gone, or moved to another namespace
+            os.close(fd)
+            return text or b""
+        self._tables[key] = (fd, poller, text)
+        while len(self._tables) > self.keep:
+            self._drop(next(iter(self._tables)))
+        return text
+
+    def _read(self, fd: int) -> bytes | None:
+        self.reads += 1
+        parts: list[bytes] = []
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            while True:
+                part = os.read(fd, 1 << 16)
+                if not part:
+                    return b"".join(parts)
+                parts.append(part)
+        except OSError:
+            return None
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        fd, _, _ = self._tables.pop(key)
+        os.close(fd)
+
+    def held(self) -> int:
+        return len(self._tables)
+
+    def close(self) -> None:
+        while self._tables:
+            self._drop(next(iter(self._tables)))
 
 
 def _fdinfo(pid: int, fd: str) -> dict[bytes, int] | None:

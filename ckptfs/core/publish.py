@@ -149,7 +149,8 @@ class Publish:
     def _opener_still_holds(self, handle: Handle) -> bool:
         if self.st.mount_device is None:
             return False
-        return holds_for_writing(handle.opener.tgid, handle.ino, self.st.mount_device)
+        return holds_for_writing(handle.opener.tgid, handle.ino, self.st.mount_device,
+                                 self.st.mount_tables)
 
     async def _incomplete_reason(self, inode: Inode, ver: int, size: int) -> str | None:
         if self.st.check_complete is None or size == 0:

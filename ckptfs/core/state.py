@@ -22,7 +22,7 @@ from ..errors import FsError
 from ..format.remote import allocated_bytes
 from ..meta.journalsync import JournalSync
 from ..meta.namespace import Inode, Namespace
-from ..procstat import Opener, died_unclean
+from ..procstat import MountTables, Opener, died_unclean
 from ..format.profiles import Profiles
 from ..data.upload import ChunkTracker
 
@@ -240,6 +240,7 @@ class CoreState:
         # ``major:minor`` of the mount, set by the daemon once mounted: lets flush ask
         # whether the opener still holds the file (procstat.holds_for_writing).
         self.mount_device: bytes | None = None
+        self.mount_tables = MountTables(keep=4)     # the openers' namespaces' mounts
         # Did a handle's opener exit with a signal or an error (procstat.died_unclean)?
         # An attribute, so core tests inject it.
         self.died_unclean: Callable[[Opener], bool] = died_unclean
