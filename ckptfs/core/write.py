@@ -95,8 +95,9 @@ class WritePath:
                 # Checked as copied, every time: rot copied here would be published under
                 # the new version's own (valid) hashes.
                 data = await self.st.cache.copy_out(sha, length)
-                await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
+                await trio.to_thread.run_sync(_write_unless_zeros, fd, data, offset)
                 offset += length
+            os.ftruncate(fd, offset)
 
     def _truncate_session(self, inode: Inode, session: Session, size: int) -> None:
         try:
@@ -212,3 +213,9 @@ class WritePath:
             pending.error = exc   # a timeout is not tried again: the close stays bounded
         finally:
             pending.done.set()
+
+
+def _write_unless_zeros(fd: int, data: bytes, offset: int) -> None:
+    """``pwrite``, but a chunk of zeros stays a hole (a sparse file stays sparse)."""
+    if data.count(0) != len(data):
+        os.pwrite(fd, data, offset)

@@ -168,14 +168,21 @@ class Staging:
             raise FsError(errno.EIO, f"staging file {ino}.{ver} is missing") from None
 
     def copy(self, ino: int, src: int, dst: int) -> None:
-        """Copy version ``src`` into a new version ``dst`` (blocking: run in a thread)."""
+        """Copy version ``src`` into a new version ``dst`` (blocking: run in a thread).
+        Only its data is copied (``SEEK_DATA``/``SEEK_HOLE``): a sparse file's holes stay
+        holes, where ``copy_file_range`` alone wrote them out as zeros."""
         with open(self.path(ino, src), "rb") as fin, open(self.path(ino, dst), "wb") as fout:
-            remaining = os.fstat(fin.fileno()).st_size
-            while remaining > 0:
-                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(remaining, 1 << 30))
-                if n == 0:
-                    break
-                remaining -= n
+            src_fd, dst_fd = fin.fileno(), fout.fileno()
+            size = os.fstat(src_fd).st_size
+            for start, end in _data_extents(src_fd, size):
+                offset = start
+                while offset < end:
+                    n = os.copy_file_range(src_fd, dst_fd, min(end - offset, 1 << 30),
+                                           offset, offset)
+                    if n == 0:
+                        break
+                    offset += n
+            os.ftruncate(dst_fd, size)
 
     def rename_version(self, ino: int, src: int, dst: int) -> None:
         self.close_fd(ino, src)
@@ -217,3 +224,24 @@ def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:
             if not dry_run:
                 path.unlink()
     return out
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of each run of data in a file; the whole file where the file system
+    cannot say (no ``SEEK_DATA``)."""
+    extents = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:       # only a hole from here to the end
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            extents.append((start, end))
+            offset = end
+    except OSError:
+        return [(0, size)] if size else []
+    return extents

@@ -1,0 +1,71 @@
+"""A sparse file reopened for writing keeps its holes on the staging disk.  Found by
+fsstress (copy_file_range makes 1-2 GB sparse files; their staging copies filled the
+state dir with 24 GB where ext4 held 82 MB): a reopen copied the previous version
+(``copy_file_range`` writes the holes as zeros) or materialized it from its chunks
+(zero chunks written out)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from support.core import WRITE_NEW, Core, me, open_core
+
+pytestmark = pytest.mark.trio
+CS = 64 << 10
+HOLE = 8 << 20              # 128 chunks of zeros before the data
+
+
+@pytest.fixture(params=["sync", "async"])
+def core_config(request) -> dict:
+    return {"durability": request.param, "chunk_size": CS, "upload_hold": 0.0}
+
+
+async def save_sparse(core: Core) -> int:
+    handle, inode = await core.fs.create(ROOT_INO, b"sparse", 0o644, WRITE_NEW, 0, 0, me())
+    await core.fs.write(handle.fh, HOLE, b"x" * 4096)
+    await core.fs.flush(handle.fh)
+    await core.fs.release(handle.fh)
+    await core.fs.wait_idle()
+    return inode.ino
+
+
+async def reopen_and_write(core: Core, ino: int) -> int:
+    """Open for writing, change one byte, and return the working version's 512-byte
+    blocks on the staging disk before its close."""
+    handle = await core.fs.open(ino, os.O_RDWR, me())
+    await core.fs.write(handle.fh, 0, b"y")
+    blocks = core.fs.blocks(core.fs.getattr(ino))
+    await core.fs.flush(handle.fh)
+    await core.fs.release(handle.fh)
+    await core.fs.wait_idle()
+    return blocks
+
+
+def assert_sparse(blocks: int) -> None:
+    assert blocks * 512 < HOLE // 4, f"{blocks * 512} bytes allocated for 4 KiB of data"
+
+
+async def test_a_sparse_file_copied_from_its_previous_version_stays_sparse(core):
+    ino = await save_sparse(core)
+    reader = await core.fs.open(ino, os.O_RDONLY, me())   # the old version stays in use
+    try:
+        assert_sparse(await reopen_and_write(core, ino))
+    finally:
+        await core.fs.release(reader.fh)
+    data = await core.load(ino)
+    assert data[:1] == b"y" and data[HOLE:] == b"x" * 4096 and not any(data[1:HOLE])
+
+
+async def test_a_sparse_file_from_the_store_stays_sparse(core, core_config, tmp_path):
+    await save_sparse(core)
+    async with open_core(tmp_path / "fresh", core.store, Config(**core_config)) as fs:
+        fresh = Core(fs, core.store)
+        ino = await fresh.resolve("sparse")
+        assert_sparse(await reopen_and_write(fresh, ino))
+        data = await fresh.load(ino)
+        assert len(data) == HOLE + 4096
+        assert data[:1] == b"y" and data[HOLE:] == b"x" * 4096 and not any(data[1:HOLE])
