@@ -98,3 +98,28 @@ def test_du_counts_the_blocks_a_sparse_file_holds(local_store, make_mount):
     assert sparse.st_size == 40 * MiB and sparse.st_blocks * 512 == 8 * MiB
     assert dense.st_blocks * 512 >= 3 * MiB
     assert (other.path / "sparse").read_bytes()[20 * MiB:20 * MiB + 4096] == b"x" * 4096
+
+
+def test_a_sparse_file_reopened_for_writing_keeps_its_holes(local_store, make_mount):
+    """Reopened with ``r+`` on this node (its previous version copied) and on a fresh
+    node (materialized from its chunks), a sparse file's working version holds its data,
+    not its holes (fsstress filled a state dir with 24 GB of them)."""
+    mnt = make_mount(local_store, durability="async")
+    for name in ("here", "there"):
+        with open(mnt.path / name, "wb") as f:
+            f.truncate(40 * MiB)
+            f.seek(20 * MiB)
+            f.write(b"x" * 4096)
+    run_ckptfs("wait", str(mnt.path), check=True)
+    other = fresh(make_mount, local_store)
+    for node, name in ((mnt, "here"), (other, "there")):
+        with open(node.path / name, "r+b") as f:
+            f.write(b"y")
+            f.flush()
+            held = os.fstat(f.fileno()).st_blocks * 512
+        # At most the one 8 MiB chunk that holds data (written whole when materialized)
+        # and the block the new byte went to.
+        assert held <= 9 * MiB, f"{node.path.name}/{name}: {held} bytes held for 4 KiB"
+        data = (node.path / name).read_bytes()
+        assert data[:1] == b"y" and data[20 * MiB:20 * MiB + 4096] == b"x" * 4096
+        assert len(data) == 40 * MiB and not any(data[1:20 * MiB])
