@@ -28,7 +28,7 @@ from ckptfs.core import Config
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from support.core import WRITE_NEW, Core, me, open_core
-from test_core_renames_alone import store_view
+from test_core_renames_alone import store_view, two_dirs_under_jitter
 
 pytestmark = pytest.mark.trio
 CS = 16 << 10
@@ -66,10 +66,7 @@ async def test_a_node_racing_itself_ends_with_the_store_holding_what_it_shows(
         core, core_config, seed, tmp_path, caplog):
     fs, store = core.fs, core.store
     rnd = random.Random(seed)
-    store.before(lambda call: time.sleep(rnd.random() * 0.003))
-    dirs = {}
-    for dname in ("a", "b"):
-        dirs[dname] = (await fs.mkdir(ROOT_INO, dname.encode(), 0o1777, 0, 0)).ino
+    dirs = await two_dirs_under_jitter(core, rnd, 0.003)
     counter = 0
     dir_locks = {ino: trio.Lock() for ino in dirs.values()}
 

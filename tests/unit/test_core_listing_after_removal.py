@@ -47,38 +47,31 @@ async def settle() -> None:
         await trio.testing.wait_all_tasks_blocked(cushion=0.2)
 
 
-async def test_an_unlinked_name_stays_gone_while_its_delete_is_pending(core):
+@pytest.mark.parametrize("data", [b"", b"data"], ids=["empty", "4B"])
+@pytest.mark.parametrize("removal", ["unlink", "rename"])
+async def test_a_removed_name_stays_gone_while_its_record_is_pending(core, removal, data):
+    """The unlink's delete, or the rename's move, is held in the store until checked."""
     fs, store = core.fs, core.store
-    await core.save(ROOT_INO, b"f1", b"")
+    await core.save(ROOT_INO, b"x", data)
     await fs.wait_idle()
     await listing_out_of_date(core)
-    deleting = store.gate("delete", prefix=entry_key("root", b"f1"))
-    await fs.unlink(ROOT_INO, b"f1")
+    pending = store.gate("delete", prefix=entry_key("root", b"x"))
+    if removal == "unlink":
+        await fs.unlink(ROOT_INO, b"x")
+    else:
+        await fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", 0)
+    left = ["f0"] if removal == "unlink" else ["f0", "y"]
     await settle()
-    assert await core.names() == ["f0"], "a listing brought back the name unlinked here"
+    assert await core.names() == left, f"a listing brought back the name ({removal})"
     with pytest.raises(FsError) as caught:
-        await fs.lookup(ROOT_INO, b"f1")
+        await fs.lookup(ROOT_INO, b"x")
     assert caught.value.errno == errno.ENOENT
-    deleting.release()
-    await fs.wait_idle()
-    assert not store.exists(entry_key("root", b"f1"))
-    assert await core.names() == ["f0"]
-
-
-async def test_a_renamed_name_stays_gone_while_its_move_is_pending(core):
-    fs, store = core.fs, core.store
-    await core.save(ROOT_INO, b"x", b"data")
-    await fs.wait_idle()
-    await listing_out_of_date(core)
-    moving = store.gate("delete", prefix=entry_key("root", b"x"))
-    await fs.rename(ROOT_INO, b"x", ROOT_INO, b"y", 0)
-    await settle()
-    assert await core.names() == ["f0", "y"], "a listing brought back the name moved away"
-    moving.release()
+    pending.release()
     await fs.wait_idle()
     assert not store.exists(entry_key("root", b"x"))
-    assert await core.names() == ["f0", "y"]
-    assert await core.load(await core.resolve("y")) == b"data"
+    assert await core.names() == left
+    if removal == "rename":
+        assert await core.load(await core.resolve("y")) == data
 
 
 async def test_a_name_another_node_removed_leaves_the_kernel_s_dentry_cache(tmp_path):

@@ -58,6 +58,15 @@ def store_view(store, dir_id: str) -> dict[bytes, tuple]:
     return out
 
 
+async def two_dirs_under_jitter(core, rnd: random.Random, most: float) -> dict[str, int]:
+    """Directories ``a`` and ``b`` (sticky, open to all) under the root, and from now on
+    every store call takes a random moment up to ``most`` seconds, so the log, the
+    publish queue and the direct calls interleave differently at each step."""
+    core.store.before(lambda call: time.sleep(rnd.random() * most))
+    return {dname: (await core.fs.mkdir(ROOT_INO, dname.encode(), 0o1777, 0, 0)).ino
+            for dname in ("a", "b")}
+
+
 async def check_names(fs, dirs: dict, model: dict, step: str) -> None:
     for dname, dino in dirs.items():
         for name in NAMES:
@@ -80,12 +89,7 @@ async def test_a_lone_node_never_loses_its_own_renames(core, seed, links):
     share one model record, so a chown of one shows under the other)."""
     fs, store = core.fs, core.store
     rnd = random.Random(seed)
-    # Every store call takes a random moment, so the log, the publish queue and the
-    # direct calls interleave differently at each step.
-    store.before(lambda call: time.sleep(rnd.random() * 0.004))
-    dirs = {}
-    for dname in ("a", "b"):
-        dirs[dname] = (await fs.mkdir(ROOT_INO, dname.encode(), 0o1777, 0, 0)).ino
+    dirs = await two_dirs_under_jitter(core, rnd, 0.004)
     model: dict[tuple[str, bytes], dict] = {}
     counter = 0
 
