@@ -111,6 +111,9 @@ def test_a_conditional_put_after_the_server_dropped_every_idle_connection(seawee
         store = RetryingStore(raw, store_policy(20.0), stats=stats)
         store.put("dirs/root/entry", b"two", if_match=first)
         assert raw.get("dirs/root/entry")[0] == b"two"
-        assert stats.retries == 0, stats
+        # Ten dead connections met one by one would be ten retries.  At most one: on a
+        # loaded machine a loopback RST may still be queued (softirq) when the pool
+        # checks the connection it takes, and that one request fails once (CI, once).
+        assert stats.retries <= 1, stats
     finally:
         proxy.close()
