@@ -120,6 +120,9 @@ class EntryIO:
             for parent, name in inode.names:
                 await self._store(self.st.store.put, entry_key(dir_id_of(self.st.ns.get(parent)), name),
                                   body)
+                # A listing of that directory that LISTed before this PUT must not take
+                # the name for one another node removed (refresh.py's apply).
+                self.st._touch_dir(parent)
             inode.links_pending = False
             self.st.ns.save(inode)
 

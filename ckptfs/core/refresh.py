@@ -227,7 +227,7 @@ class Refresh:
                 ino = holder.ino
             self._take_entry(inode, entry, etag)
         if not changed_locally:
-            self._forget_vanished(dir_inode, remote, local)
+            self._forget_vanished(dir_inode, remote, local, etags_before)
 
     @no_await
     def _take_entry(self, inode: Inode, entry: Entry, etag: str) -> None:
@@ -253,14 +253,19 @@ class Refresh:
             self.st.invalidate(ino)
 
     @no_await
-    def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict) -> None:
-        """Names gone from the store that this node has no work for (no await)."""
+    def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict,
+                         etags_before: dict[int, str | None]) -> None:
+        """Names gone from the store that this node has no work for (no await).  An
+        inode this node published since the listing began (its ETag changed) is not
+        gone: its entry landed after the LIST (a first publish writes a hard-linked
+        inode's names one by one, under its lock, and the listing may apply after)."""
         for name, ino in local.items():
             if name in remote:
                 continue
             inode = self.st.ns.get(ino)
             if inode.published and not inode.dirty and not self.st._is_open(ino) \
-                    and ino not in self.st.queue.queued and not self.st._locked(ino):
+                    and ino not in self.st.queue.queued and not self.st._locked(ino) \
+                    and inode.remote_etag == etags_before.get(ino, inode.remote_etag):
                 self._forget_subtree(inode, dir_inode.ino, name)
 
     async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],
