@@ -25,7 +25,9 @@ mount shows (listing + content of every file) must be a state the model allows:
 - during a store outage an async node's steps all succeed on it, ``ckptfs wait`` does
   not say done while a file it closed is pending, status names the outage, and after it
   every node converges; a sync step may fail with EIO and then either happened or did
-  not -- never half -- and after the outage every node converges to one of those states.
+  not -- never half -- and after the outage every node converges to one of those states;
+  during it, each node answers from its own view (its own steps at once, the other
+  node's only once read from the store: ``after_fault_step``).
 
 Knobs (environment): CKPTFS_MODEL_EXAMPLES (per durability, default 4),
 CKPTFS_MODEL_STEPS (per example, default 12), CKPTFS_MODEL_SEED (default: derandomized,
@@ -115,7 +117,8 @@ STATE_MIB = int(_KNOBS.get("CKPTFS_MODEL_STATE_MIB", "32" if os.geteuid() == 0 e
 # a step, twice that when a failure is shrunk; CKPTFS_MODEL_TIMEOUT sets it.
 TIMEOUT = int(_KNOBS.get("CKPTFS_MODEL_TIMEOUT",
                          max(600, 15 * EXAMPLES * STEPS * (2 if SHRINK else 1))))
-# Sync: at most this many states a store fault's failed steps may have left.
+# Sync: at most this many states a store fault's failed steps may have left (in the
+# store, or as one node may see it).
 MAX_CANDIDATES = 8
 
 
@@ -208,6 +211,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.fault: str | None = None         # the store's outage now
         self.fault_saved: set[int] = set()    # nodes that closed a file during it
         self.candidates: list[Model] = []     # sync fault: the states failed steps allow
+        # ... and what each node may answer from meanwhile (its own steps at once, the
+        # other node's only once it reads them from the store, which is away)
+        self.node_candidates: list[list[Model]] = [[], []]
         self.model = Model()
         self.closed: dict[str, str] = {}      # digest -> which version it is
         self.closed_list: list[tuple[str, bytes]] = []
@@ -852,6 +858,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.fault = kind
         self.fault_saved = set()
         self.candidates = [self.model]
+        self.node_candidates = [[self.model], [self.model]]
         self.faults.start(kind)
 
     @precondition(lambda self: self.fault is None and STATE_MIB and "full" not in SKIP)
@@ -866,11 +873,13 @@ class ModelMachine(RuleBasedStateMachine):
         self.fault, self.full_node = "full", m
         self.fault_saved = set()
         self.candidates = [self.model]
+        self.node_candidates = [[self.model], [self.model]]
         fill_file_system(self.mounts[m].state_dir)
 
     @precondition(lambda self: self.fault is not None
                   and (self.sync or self.fault == "full")
-                  and len(self.candidates) <= MAX_CANDIDATES)
+                  and max(len(self.candidates), *map(len, self.node_candidates))
+                  <= MAX_CANDIDATES)
     @rule(data=st.data(), m=st.integers(0, 1), what=st.sampled_from(
         ["save", "save", "rename", "unlink", "mkdir", "rmdir"]))
     def fault_step(self, data, m, what):
@@ -928,25 +937,56 @@ class ModelMachine(RuleBasedStateMachine):
             result = exc.errno
         name = errno.errorcode.get(result, str(result)) if result else "ok"
         self.note(f"{'AB'[m]}:   ... {name}")
-        after: list[Model] = []
-        for c in self.candidates:
+        failed = result in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC)
+        self.candidates = self.after_fault_step(self.candidates, op, result, "store")
+        for i in range(len(self.mounts)):
+            self.node_candidates[i] = self.after_fault_step(
+                self.node_candidates[i], op, result, "own" if i == m else "other")
+        for where, models in [("the store", self.candidates),
+                              (f"node {'AB'[m]}", self.node_candidates[m])]:
+            if not models:
+                self.fail(f"{text} on {'AB'[m]} during a store fault gave {name}, which no "
+                          f"state the model allows {where} to be in gives"
+                          f"{' (it failed: it may or may not have happened)' if failed else ''}")
+        self.model = self.candidates[-1]
+        for i, mount in enumerate(self.mounts):
+            self.safety(i, observe(mount.path), self.candidates + self.node_candidates[i])
+
+    @staticmethod
+    def after_fault_step(models: list[Model], op: tuple, result: int,
+                         whose: str) -> list[Model]:
+        """The states ``models`` may be in after a step during a sync store fault (or a
+        full state dir) that answered ``result`` (0, or an errno):
+
+        - ``own``, what the acting node answers from: the step happened if it
+          succeeded, happened or not if it failed with EIO/ETIMEDOUT/ENOSPC, and any
+          other answer is the one the state gives;
+        - ``other``, what the other node may answer from: with the store away it may
+          not have read a step yet, so a step that succeeded or may have happened
+          both did and did not; a step refused with another errno did nothing;
+        - ``store``, what every node converges to once the fault ends: a step that
+          succeeded happened (a save that failed is kept by its node and lands later,
+          so a rename of it succeeds there); one refused with another errno did
+          nothing -- the answer came from the acting node's view, which may lag the
+          store, so it rules out nothing here."""
+        failed = result in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC)
+        out: list[Model] = []
+        for c in models:
             done = c.copy()
             rc = done.apply(op)
-            if result in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC):
-                after += [c] if rc else [c, done]
-            elif rc == result:
-                after.append(done)
-        if not after:
-            self.fail(f"{text} on {'AB'[m]} during a store fault gave {name}, which no "
-                      f"state the model allows gives")
+            if failed or (whose == "other" and result == 0):
+                out += [c] if rc else [c, done]
+            elif result == 0:
+                out += [done] if rc == 0 else []
+            elif whose == "own":
+                out += [done] if rc == result else []
+            else:
+                out.append(c)
         unique: list[Model] = []
-        for c in after:
+        for c in out:
             if not any(c.tree == u.tree and c.view(0) == u.view(0) for u in unique):
                 unique.append(c)
-        self.candidates = unique
-        self.model = unique[-1]
-        for i, mount in enumerate(self.mounts):
-            self.safety(i, observe(mount.path), self.candidates)
+        return unique
 
     @precondition(lambda self: self.fault is not None)
     @rule()
