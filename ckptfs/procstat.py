@@ -12,7 +12,7 @@ import os
 import re
 import select
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PF_EXITING = 0x4
 
@@ -126,6 +126,14 @@ def _of_device(mountinfo: bytes, device: bytes) -> dict[int, bytes]:
     return out
 
 
+@dataclass
+class _Table:
+    fd: int
+    poller: select.poll
+    text: bytes
+    parsed: dict[bytes, dict[int, bytes]] = field(default_factory=dict)
+
+
 class MountTables:
     """Each mount namespace's mount table, kept between closes and read again only when
     the kernel says it changed: a ``poll`` of an open ``mountinfo`` reports ``POLLPRI``
@@ -137,9 +145,9 @@ class MountTables:
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
         self.reads = 0
-        # (st_dev, st_ino) of the namespace -> (descriptor, its poller, its text)
-        self._tables: OrderedDict[tuple[int, int], tuple[int, select.poll, bytes]] = \
-            OrderedDict()
+        # (st_dev, st_ino) of the namespace -> its mountinfo descriptor, the poller
+        # watching it, its text, and that text parsed per device asked for.
+        self._tables: OrderedDict[tuple[int, int], _Table] = OrderedDict()
 
     def of(self, pid: int, device: bytes) -> dict[int, bytes]:
         """Mount id -> mount point of ``device``'s mounts in ``pid``'s namespace; empty
@@ -149,25 +157,25 @@ class MountTables:
         except OSError:
             return {}
         key = (ns.st_dev, ns.st_ino)
-        kept = self._tables.get(key)
-        if kept is not None:
-            fd, poller, text = kept
-            self._tables.move_to_end(key)
-            if not poller.poll(0):              # no event: the table is as read
-                return _of_device(text, device)
-            fresh = self._read(fd)
+        table = self._tables.get(key)
+        if table is None:
+            return self._open(pid, key, device)
+        self._tables.move_to_end(key)
+        if table.poller.poll(0):                # an event: the table changed since
+            fresh = self._read(table.fd)
             if fresh is None:
                 self._drop(key)
                 return {}
-            self._tables[key] = (fd, poller, fresh)
-            return _of_device(fresh, device)
-        return _of_device(self._open(pid, key), device)
+            table.text, table.parsed = fresh, {}
+        if device not in table.parsed:
+            table.parsed[device] = _of_device(table.text, device)
+        return table.parsed[device]
 
-    def _open(self, pid: int, key: tuple[int, int]) -> bytes:
+    def _open(self, pid: int, key: tuple[int, int], device: bytes) -> dict[int, bytes]:
         try:
             fd = os.open(f"/proc/{pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return b""
+            return {}
         poller = select.poll()
         poller.register(fd, select.POLLPRI | select.POLLERR)
         text = self._read(fd)
@@ -178,11 +186,12 @@ class MountTables:
             same_ns = False
         if text is None or not same_ns:        # gone, or moved to another namespace
             os.close(fd)
-            return text or b""
-        self._tables[key] = (fd, poller, text)
+            return _of_device(text or b"", device)
+        table = self._tables[key] = _Table(fd, poller, text)
         while len(self._tables) > self.keep:
             self._drop(next(iter(self._tables)))
-        return text
+        table.parsed[device] = _of_device(text, device)
+        return table.parsed[device]
 
     def _read(self, fd: int) -> bytes | None:
         self.reads += 1
@@ -198,8 +207,7 @@ class MountTables:
             return None
 
     def _drop(self, key: tuple[int, int]) -> None:
-        fd, _, _ = self._tables.pop(key)
-        os.close(fd)
+        os.close(self._tables.pop(key).fd)
 
     def held(self) -> int:
         return len(self._tables)

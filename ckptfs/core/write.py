@@ -14,6 +14,7 @@ from collections.abc import Callable
 import trio
 
 from ..errors import FsError
+from ..format.remote import zero_chunk_ids
 from ..meta.namespace import Inode
 from ..data.upload import ChunkTracker
 from .state import MAX_STAGED_FRACTION, CoreState, Runtime, Session
@@ -92,10 +93,11 @@ class WritePath:
         # Its own descriptor: the shared one may be evicted across the awaits below.
         with self.st.staging.owned_fd(inode.ino, ver) as fd:
             for sha, length in chunks:
-                # Checked as copied, every time: rot copied here would be published under
-                # the new version's own (valid) hashes.
-                data = await self.st.cache.copy_out(sha, length)
-                await trio.to_thread.run_sync(_write_unless_zeros, fd, data, offset)
+                if sha not in zero_chunk_ids(length):     # a chunk of zeros stays a hole
+                    # Checked as copied, every time: rot copied here would be published
+                    # under the new version's own (valid) hashes.
+                    data = await self.st.cache.copy_out(sha, length)
+                    await trio.to_thread.run_sync(os.pwrite, fd, data, offset)
                 offset += length
             os.ftruncate(fd, offset)
 
@@ -213,9 +215,3 @@ class WritePath:
             pending.error = exc   # a timeout is not tried again: the close stays bounded
         finally:
             pending.done.set()
-
-
-def _write_unless_zeros(fd: int, data: bytes, offset: int) -> None:
-    """``pwrite``, but a chunk of zeros stays a hole (a sparse file stays sparse)."""
-    if data.count(0) != len(data):
-        os.pwrite(fd, data, offset)
