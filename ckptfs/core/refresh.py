@@ -185,7 +185,7 @@ class Refresh:
         async with trio.open_nursery() as nursery:
             for name, key in to_fetch:
                 nursery.start_soon(fetch, name, key)
-        await self._resolve_links(fetched, corrupt)
+        await self._resolve_links(fetched, corrupt, remote)
         return fetched, corrupt
 
     @no_await
@@ -269,10 +269,14 @@ class Refresh:
                 self._forget_subtree(inode, dir_inode.ino, name)
 
     async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],
-                             corrupt: set[bytes]) -> None:
+                             corrupt: set[bytes],
+                             remote: dict[bytes, tuple[str, str]]) -> None:
         """Replace each fetched "link" entry by its shared inode object (one GET per
         object, decision 0008), with the object's ETag.  A link whose object is
-        missing or malformed answers EIO for that name."""
+        missing or malformed answers EIO for that name -- unless its entry has gone
+        or changed since it was read: a file's last name goes (its entry, then its
+        object) between the two GETs, and the name is then gone from ``remote``, not
+        corrupt."""
         ids = {entry.link for entry, _ in fetched.values()
                if entry.type == "link" and entry.link is not None}   # always set (remote.py)
         objects: dict[str, tuple[Entry, str]] = {}
@@ -296,16 +300,44 @@ class Refresh:
         async with trio.open_nursery() as nursery:
             for link_id in ids:
                 nursery.start_soon(fetch, link_id)
+        missing = {name: entry.link for name, (entry, _) in fetched.items()
+                   if entry.type == "link" and entry.link not in objects}
+        still: dict[bytes, bool | None] = {}
+
+        async def read_again(name: bytes, link_id: str | None) -> None:
+            """True: the name still links to the missing object; None: it is gone."""
+            try:
+                body, _ = await self.entries._store(self.st.store.get, remote[name][0])
+            except NotFound:
+                still[name] = None
+                return
+            except FsError:
+                still[name] = True     # unknown now: as read, answered as corrupt
+                return
+            try:
+                again = Entry.from_json(body, MAX_CHUNK_SIZE)
+            except BadEntry:
+                still[name] = True
+                return
+            still[name] = again.type == "link" and again.link == link_id
+
+        async with trio.open_nursery() as nursery:
+            for name, named in missing.items():
+                nursery.start_soon(read_again, name, named)
         for name, (entry, _) in list(fetched.items()):
             if entry.type != "link":
                 continue
             if entry.link in objects:
                 fetched[name] = objects[entry.link]
-            else:
+                continue
+            del fetched[name]
+            if still.get(name) is None:
+                remote.pop(name, None)     # removed meanwhile: gone, not corrupt
+            elif still[name]:
                 log.error("link %r names a missing inode object %s (EIO for that name)",
                           name, entry.link)
                 corrupt.add(name)
-                del fetched[name]
+            # else: it names another object now; the next listing takes it
 
     @no_await
     def _holder_of(self, entry: Entry) -> Inode | None:
