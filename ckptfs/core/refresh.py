@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..store.base import ObjectStore
     from .entries import EntryIO
 
 
@@ -302,28 +303,8 @@ class Refresh:
                 nursery.start_soon(fetch, link_id)
         missing = {name: entry.link for name, (entry, _) in fetched.items()
                    if entry.type == "link" and entry.link not in objects}
-        still: dict[bytes, bool | None] = {}
-
-        async def read_again(name: bytes, link_id: str | None) -> None:
-            """True: the name still links to the missing object; None: it is gone."""
-            try:
-                body, _ = await self.entries._store(self.st.store.get, remote[name][0])
-            except NotFound:
-                still[name] = None
-                return
-            except FsError:
-                still[name] = True     # unknown now: as read, answered as corrupt
-                return
-            try:
-                again = Entry.from_json(body, MAX_CHUNK_SIZE)
-            except BadEntry:
-                still[name] = True
-                return
-            still[name] = again.type == "link" and again.link == link_id
-
-        async with trio.open_nursery() as nursery:
-            for name, named in missing.items():
-                nursery.start_soon(read_again, name, named)
+        still = await still_linked(self.entries, self.st.store, missing, remote) \
+            if missing else {}
         for name, (entry, _) in list(fetched.items()):
             if entry.type != "link":
                 continue
@@ -422,3 +403,34 @@ class Refresh:
         if not inode.parent and not self.st._is_open(inode.ino):
             self.delete_inode(inode)
         self.st.invalidate(inode.ino)
+
+
+async def still_linked(entries: EntryIO, store: ObjectStore,
+                       missing: dict[bytes, str | None],
+                       remote: dict[bytes, tuple[str, str]]
+                       ) -> dict[bytes, bool | None]:
+    """Each name's entry read again, for links whose object was missing: True, it
+    still links to that object (or cannot be read now); False, it names another
+    object now; None, it is gone."""
+    still: dict[bytes, bool | None] = {}
+
+    async def read_again(name: bytes, link_id: str | None) -> None:
+        try:
+            body, _ = await entries._store(store.get, remote[name][0])
+        except NotFound:
+            still[name] = None
+            return
+        except FsError:
+            still[name] = True     # unknown now: as read, answered as corrupt
+            return
+        try:
+            again = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry:
+            still[name] = True
+            return
+        still[name] = again.type == "link" and again.link == link_id
+
+    async with trio.open_nursery() as nursery:
+        for name, named in missing.items():
+            nursery.start_soon(read_again, name, named)
+    return still
