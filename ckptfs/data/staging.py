@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import FsError
+from .spares import SpareFiles
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ class Staging:
     is opened on demand and shared by the handles reading or writing it, at most
     ``max_fds`` of them at a time."""
 
-    def __init__(self, root: Path, abandoned: Path, max_fds: int = DEFAULT_MAX_FDS) -> None:
+    def __init__(self, root: Path, abandoned: Path, max_fds: int = DEFAULT_MAX_FDS,
+                 spares: SpareFiles | None = None) -> None:
         self.root = root
+        self.spares = spares
         self.abandoned = abandoned
         self.max_fds = max(1, max_fds)
         root.mkdir(parents=True, exist_ok=True)
@@ -137,7 +140,22 @@ class Staging:
             raise FsError(exc.errno, f"{what}: {exc.strerror}") from None
 
     def create_empty(self, ino: int, ver: int) -> int:
+        """A new empty version (an old file of that name is replaced): a spare renamed
+        into place where one is ready (``spares.py``), else a create."""
         self.close_fd(ino, ver)
+        if self.spares is not None and (spare := self.spares.take()) is not None:
+            try:
+                os.rename(spare, self.path(ino, ver))
+            except OSError as exc:    # dropped; a create below says what is wrong
+                log.debug("spare %s: %s", spare.name, exc.strerror)
+            else:
+                try:
+                    fd = self.fd(ino, ver)
+                    os.utime(fd)     # its times are its version's, not the spare's
+                except BaseException:
+                    self.remove(ino, ver)    # as a failed create: nothing left behind
+                    raise
+                return fd
         return self.fd(ino, ver, create=True)
 
     def free_bytes(self) -> int:
@@ -211,8 +229,11 @@ class Staging:
         return dst
 
     def close_all(self) -> None:
+        """At stop: every cached descriptor closed, the spares not taken removed."""
         for key in list(self._fds):
             self.close_fd(*key)
+        if self.spares is not None:
+            self.spares.remove_all()
 
 
 def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:

@@ -30,6 +30,7 @@ from ..core import Config, Filesystem
 from ..fuse.datapath import DataPath, has_cap_sys_admin
 from ..fuse.ops import FuseOps
 from ..data.liveness import DEFAULT_SETTLE
+from ..data.spares import SpareFiles
 from ..meta.namespace import ROOT_INO, Namespace
 from .preflight import (check_fuse_device, check_may_mount, check_mountpoint,
                         explain_mount_failure, resolve_allow_other)
@@ -386,6 +387,7 @@ class Daemon:
         self.ops: FuseOps | None = None
         self.data_path: DataPath | None = None
         self.stale: StaleStagedWatch | None = None
+        self.spares: SpareFiles | None = None          # empty staging files made ahead
         self.metrics = None             # metrics.Metrics with --metrics-address
         self.peers: Peers | None = None  # cluster.peers.Peers with --peer-listen
         self.retention: Retention | None = None     # with the [[retention]] rules
@@ -472,25 +474,34 @@ class Daemon:
             ns.meta_put("store_url", store.url)
         return store, ns
 
-    def _open_staging(self) -> Staging:
-        """Staging files, with as many cached descriptors as the fd limit allows."""
+    def _open_staging(self) -> tuple[Staging, SpareFiles]:
+        """Staging files, with as many cached descriptors as the fd limit allows, and
+        the spare files its creates take (started in the mount's nursery)."""
         state_dir = self.opts.state_dir
+        (state_dir / "staging").mkdir(parents=True, exist_ok=True)
+        spares = SpareFiles(state_dir / "staging")
+        spares.clear()                 # a killed daemon's: empty, nobody's
         staging = Staging(state_dir / "staging", state_dir / "abandoned",
-                          max_fds=fd_cap(self.nofile))
+                          max_fds=fd_cap(self.nofile), spares=spares)
         log.info("descriptor limit %d; at most %d staging descriptors open", self.nofile,
                  staging.max_fds)
-        return staging
+        self.spares = spares
+        return staging, spares
+
+    def _open_cache(self, store: ObjectStore) -> ChunkCache:
+        """The chunk cache, with one pool of chunk buffers for fetches and uploads
+        (buffers.py)."""
+        buffers = BufferPool(self.config.chunk_size, keep=max(
+            self.config.upload_concurrency, self.config.fetch_concurrency))
+        return ChunkCache(self.opts.state_dir / "cache", store, self.config.cache_size,
+                          trio.CapacityLimiter(self.config.fetch_concurrency),
+                          buffers=buffers)
 
     async def _run_locked(self, on_ready) -> None:
         opts = self.opts
         store, ns = await self._open_store_and_namespace()
-        staging = self._open_staging()
-        # One pool of chunk buffers for fetches and uploads (buffers.py).
-        buffers = BufferPool(self.config.chunk_size, keep=max(
-            self.config.upload_concurrency, self.config.fetch_concurrency))
-        cache = ChunkCache(opts.state_dir / "cache", store, self.config.cache_size,
-                           trio.CapacityLimiter(self.config.fetch_concurrency),
-                           buffers=buffers)
+        staging, spares = self._open_staging()
+        cache = self._open_cache(store)
         control_path = control_socket_path(opts.state_dir)
         try:
             async with trio.open_nursery() as nursery:
@@ -517,6 +528,7 @@ class Daemon:
                 self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
                                               self.config.stale_staged_after)
                 try:
+                    await nursery.start(spares.run)
                     await nursery.start(fs.run)
                     await fs.start()
                     fs.leases.restore()
@@ -722,6 +734,7 @@ class Daemon:
                 "store": self.opts.store_url, "durability": self.config.durability,
                 "allow_other": self.allow_other,
                 "fs": fs.stats(), "store_stats": self.stats.snapshot(),
+                "staging_spares": self.spares.report() if self.spares else None,
                 "fuse_requests": dict(self.ops.requests) if self.ops else {},
                 "fuse_request_seconds": {op: round(s, 3) for op, s in
                                          self.ops.request_seconds.items()} if self.ops else {},

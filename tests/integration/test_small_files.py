@@ -123,3 +123,29 @@ def test_a_sparse_file_reopened_for_writing_keeps_its_holes(local_store, make_mo
         data = (node.path / name).read_bytes()
         assert data[:1] == b"y" and data[20 * MiB:20 * MiB + 4096] == b"x" * 4096
         assert len(data) == 40 * MiB and not any(data[1:20 * MiB])
+
+
+def staging_spares(mnt) -> list[str]:
+    return [name for name in os.listdir(mnt.state_dir / "staging") if name.startswith(".spare.")]
+
+
+def test_spare_staging_files_serve_creates_and_never_outlive_their_daemon(local_store,
+                                                                          make_mount):
+    """A create renames an empty file made ahead (data/spares.py) instead of creating
+    one on the request path; the spares left at an unmount are removed, and a killed
+    daemon's at the next start, with every file written through them intact."""
+    mnt = make_mount(local_store, durability="async")
+    written = {f"f{i}": os.urandom(100 + i) for i in range(40)}
+    for name, data in written.items():
+        (mnt.path / name).write_bytes(data)
+    assert staging_spares(mnt), "no spare staging files while mounted"
+    assert mnt.status()["staging_spares"]["taken"] >= 30
+    mnt.kill()
+    assert staging_spares(mnt)                  # left by the crash
+    mnt.start(durability="async")
+    assert {n: (mnt.path / n).read_bytes() for n in written} == written
+    run_ckptfs("wait", str(mnt.path), check=True)
+    mnt.stop()
+    assert staging_spares(mnt) == []
+    other = fresh(make_mount, local_store)
+    assert {n: (other.path / n).read_bytes() for n in written} == written
