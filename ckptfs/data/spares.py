@@ -47,7 +47,9 @@ class SpareFiles:
         self.missed = 0       # takes that found none ready
 
     def clear(self) -> int:
-        """Remove spares a previous daemon left (blocking; at start, before ``run``)."""
+        """Remove every spare in the directory (blocking): at start, a killed daemon's
+        (before ``run``); at stop, those not taken (after ``run`` ended)."""
+        self._ready.clear()
         removed = 0
         with os.scandir(self.directory) as entries:
             for entry in entries:
@@ -88,16 +90,9 @@ class SpareFiles:
                 continue
             names = [self.directory / f"{PREFIX}{self._next + i}" for i in range(want)]
             self._next += want
-            made = await trio.to_thread.run_sync(_make_empty, names)
+            with trio.CancelScope(shield=True):      # what it made is known, even at stop
+                made = await trio.to_thread.run_sync(_make_empty, names)
             self._ready.extend(made)
-
-    def remove_all(self) -> None:
-        """Remove the spares not taken (blocking; at stop)."""
-        while self._ready:
-            try:
-                os.unlink(self._ready.pop())
-            except FileNotFoundError:
-                pass
 
 
 def _make_empty(paths: list[Path]) -> list[Path]:

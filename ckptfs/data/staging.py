@@ -233,7 +233,7 @@ class Staging:
         for key in list(self._fds):
             self.close_fd(*key)
         if self.spares is not None:
-            self.spares.remove_all()
+            self.spares.clear()
 
 
 def sweep_abandoned(directory: Path, cutoff: float, dry_run: bool) -> list[str]:

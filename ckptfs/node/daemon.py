@@ -478,11 +478,10 @@ class Daemon:
         """Staging files, with as many cached descriptors as the fd limit allows, and
         the spare files its creates take (started in the mount's nursery)."""
         state_dir = self.opts.state_dir
-        (state_dir / "staging").mkdir(parents=True, exist_ok=True)
         spares = SpareFiles(state_dir / "staging")
-        spares.clear()                 # a killed daemon's: empty, nobody's
         staging = Staging(state_dir / "staging", state_dir / "abandoned",
                           max_fds=fd_cap(self.nofile), spares=spares)
+        spares.clear()                 # a killed daemon's: empty, nobody's
         log.info("descriptor limit %d; at most %d staging descriptors open", self.nofile,
                  staging.max_fds)
         self.spares = spares

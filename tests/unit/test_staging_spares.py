@@ -52,7 +52,7 @@ async def test_a_create_takes_a_spare_and_the_spares_are_refilled(tmp_path):
                 await trio.sleep(0.001)
         assert len(spare_names(staging.root)) == 8
         nursery.cancel_scope.cancel()
-    spares.remove_all()
+    spares.clear()
     assert spare_names(staging.root) == []
     assert sorted(staging.versions()) == [(ino, 1) for ino in range(1, 7)]
 
