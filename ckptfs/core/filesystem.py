@@ -34,6 +34,7 @@ from ..store.health import StoreHealth
 from .attributes import Attributes
 from .entries import EntryIO
 from .held import HeldEntries
+from .moves import EntryMoves
 from .metalog import MetaLogApply
 from .names import Names
 from .opening import Opening
@@ -133,14 +134,15 @@ class Filesystem:
         self.names = Names(st, entries=self.entries, refresher=self.refresher,
                            opening=self.opening, writes=self.writes, publisher=self.publisher,
                            delete_held=self.held.delete, release_held=self.held.release)
+        self.moves = EntryMoves(st, self.entries)
         self.renames = Rename(st, entries=self.entries, names=self.names,
                               refresher=self.refresher, seals=self.seals,
-                              publisher=self.publisher, held=self.held)
+                              publisher=self.publisher, held=self.held, moves=self.moves)
         self.metalog = MetaLogApply(st, entries=self.entries, seals=self.seals,
-                                    renames=self.renames)
+                                    moves=self.moves)
         self.recovery = Recovery(st, entries=self.entries, reads=self.reads,
                                  publisher=self.publisher, seals=self.seals,
-                                 renames=self.renames)
+                                 renames=self.renames, moves=self.moves)
         self.status = Status(st, names=self.names, writes=self.writes, reads=self.reads)
         # Async mode's metadata log (decision 0012), the publish queue, the leases.
         st.oplog = MetaLog(ns, on_done=lambda: st.queue.release_parked(), health=health)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .entries import EntryIO
     from .seal import Seal
-    from .rename import Rename
+    from .moves import EntryMoves
 
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ class MetaLogApply:
     """Applies async mode's metadata log to the store; no state of its own."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
-                 renames: Rename) -> None:
+                 moves: EntryMoves) -> None:
         self.st = st
         self.entries = entries
         self.seals = seals
-        self.renames = renames
+        self.moves = moves
 
     # ------------------------------------------------------------------ the metadata log
 
@@ -195,7 +195,7 @@ class MetaLogApply:
         """The store steps of a move, under the inode's lock; whether it sealed."""
         ino = inode.ino
         try:
-            await self.renames._move_entry(inode, old_key, new_key, seals)
+            await self.moves.move_entry(inode, old_key, new_key, seals)
         except FsError as exc:
             if exc.errno != errno.ENOENT:
                 raise

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .publish import Publish
     from .seal import Seal
     from .rename import Rename
+    from .moves import EntryMoves
 
 
 log = logging.getLogger(__name__)
@@ -25,13 +26,15 @@ class Recovery:
     """Mount-time recovery and journal replay; no state of its own."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, reads: ReadPath,
-                 publisher: Publish, seals: Seal, renames: Rename) -> None:
+                 publisher: Publish, seals: Seal, renames: Rename,
+                 moves: EntryMoves) -> None:
         self.st = st
         self.entries = entries
         self.reads = reads
         self.publisher = publisher
         self.seals = seals
         self.renames = renames
+        self.moves = moves
 
     # ------------------------------------------------------------------ recovery
 
@@ -86,13 +89,8 @@ class Recovery:
         for seq, record in self.st.ns.journal():
             op = record.get("op")
             if op == "rename":
-                await self.entries._store(self.st.store.put, record["put"], record["body"].encode())
-                if record.get("claim"):
-                    await self.renames._delete_claimed(record["delete"], record["claim"])
-                else:
-                    await self.entries._store(self.st.store.delete, record["delete"])
+                await self.moves.replay(record)
                 self.st.ns.journal_done(seq)
-                log.info("finished an interrupted rename to %s", record["put"])
             elif op == "exchange":
                 await self.renames._finish_exchange(record["steps"])
                 self.st.ns.journal_done(seq)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import time
 from contextlib import AsyncExitStack
 
 import trio
 
 from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
-from ..format.remote import (Entry, entry_key)
+from ..format.remote import entry_key
 from ..store import PreconditionFailed
 from .critical import no_await
 from .state import RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .entries import EntryIO
     from .held import HeldEntries
+    from .moves import EntryMoves
     from .names import Names
     from .refresh import Refresh
     from .seal import Seal
@@ -46,8 +46,9 @@ class Rename:
     """Renames and exchanges; no state of its own."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, names: Names, refresher: Refresh,
-                 seals: Seal, publisher: Publish, held: HeldEntries) -> None:
+                 seals: Seal, publisher: Publish, held: HeldEntries, moves: EntryMoves) -> None:
         self.st = st
+        self.moves = moves
         self.held = held
         self.entries = entries
         self.names = names
@@ -229,13 +230,13 @@ class Rename:
                 key_b = entry_key(dir_id_of(self.st.ns.get(b_parent)), b_name)
                 a_remote = a.published and not a.links_pending
                 b_remote = b.published and not b.links_pending
-                claim_a = await self._claim(a, key_a, key_b) if a_remote else None
+                claim_a = await self.moves.claim(a, key_a, key_b) if a_remote else None
                 try:
-                    claim_b = await self._claim(b, key_b, key_a) if b_remote else None
+                    claim_b = await self.moves.claim(b, key_b, key_a) if b_remote else None
                 except BaseException:
                     if claim_a is not None:   # give the first name back its entry
                         with trio.CancelScope(shield=True):
-                            await self._put_quietly(key_a, self.entries._entry_of(a), claim_a)
+                            await self.moves.put_quietly(key_a, self.entries._entry_of(a), claim_a)
                     raise
                 steps = [(key_b, self.entries._entry_of(a).to_json().decode() if a_remote
                           else None, claim_b),
@@ -272,13 +273,6 @@ class Rename:
                 log.warning("%s was written again by another node during an exchange: "
                             "that newer version stays", key)
 
-    async def _put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
-        try:
-            await self.entries._store(functools.partial(self.st.store.put, key, entry.to_json(),
-                                                if_match=if_match))
-        except (FsError, PreconditionFailed) as exc:
-            log.warning("could not release the claim on %s (%s): it expires", key, exc)
-
     async def _rename_locked(self, inode: Inode, new_dir: Inode, new_parent: int,
                              new_name: bytes, target: Inode | None, seals: bool = True,
                              old: tuple[int, bytes] | None = None) -> None:
@@ -299,7 +293,7 @@ class Rename:
             remote = target if target is not None and target.published and \
                 not target.links_pending else None     # a replaced name the store has
             if inode.published and not inode.links_pending:
-                await self._move_entry(inode, old_key, new_key, seals)
+                await self.moves.move_entry(inode, old_key, new_key, seals)
             else:
                 await self.held.delete(inode, old_dir, old[1])
                 if remote is not None and self.held.never_closed(inode) and not remote.link_id:
@@ -336,63 +330,3 @@ class Rename:
         if new_parent != old_dir.ino:
             self.names._mark_parent_changed(self.st.ns.get(new_parent))
         return sealed_here
-
-    async def _move_entry(self, inode: Inode, old_key: str, new_key: str,
-                          seals: bool = True) -> None:
-        """Move a published entry between keys, safe against other nodes (decision
-        0003): read the entry as the store has it, *claim* it with a compare-and-swap on
-        its ETag (of two nodes renaming it, one wins; the other gets ENOENT), write it
-        under the new key, then delete the old key only if it is still our claim (a
-        newer version another node wrote there meanwhile stays)."""
-        claim_etag = await self._claim(inode, old_key, new_key)
-        if seals and inode.staged and inode.type == "dir":
-            inode.sealed_at = time.time()       # retention orders by seal time
-        moved = self.entries._entry_of(inode)
-        moved.staged = moved.staged and not seals
-        body = moved.to_json()
-        # Journal the rest: a crash from here on is finished on restart, so a reader may
-        # briefly see both names, never neither.
-        seq = self.st.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
-                                   "delete": old_key, "claim": claim_etag})
-        await self.st._sync_journal()
-        try:
-            new_etag = await self.entries._store(self.st.store.put, new_key, body)
-        except BaseException:
-            self.st.ns.journal_done(seq)  # the claim expires; the old name stays valid
-            raise
-        await self._delete_claimed(old_key, claim_etag)
-        self.st.ns.journal_done(seq)
-        if not inode.link_id:   # a linked inode's ETag is its inode object's
-            inode.remote_etag = new_etag
-
-    async def _claim(self, inode: Inode, old_key: str, new_key: str) -> str:
-        """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
-        version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
-        claim's ETag."""
-        for _ in range(8):
-            entry, etag = await self.entries._current_entry(inode, old_key)
-            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and \
-                    entry.moving_to != new_key:
-                # A live claim to the same new key is this rename's own, cut short by a
-                # crash and replayed from the log (or another node's identical rename:
-                # either way the outcome is the same).
-                raise FsError.enoent(f"{old_key} is being renamed by another node")
-            if not inode.link_id:
-                self.entries._adopt_newer(inode, entry, etag)
-            claim = self.entries._entry_of(inode)
-            claim.moving_to, claim.moving_at = new_key, time.time()
-            try:
-                return await self.entries._store(
-                    functools.partial(self.st.store.put, old_key, claim.to_json(),
-                                      if_match=etag))
-            except PreconditionFailed:
-                continue  # changed under us: read it again
-        raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
-
-    async def _delete_claimed(self, old_key: str, claim_etag: str) -> None:
-        try:
-            await self.entries._store(functools.partial(self.st.store.delete, old_key,
-                                                if_match=claim_etag))
-        except PreconditionFailed:
-            log.info("%s was written again by another node during a rename: that newer "
-                     "version stays under the old name", old_key)

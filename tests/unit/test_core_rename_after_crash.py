@@ -32,16 +32,19 @@ async def test_a_rename_cut_short_after_its_claim_is_finished_after_a_restart(
         await core.save(ROOT_INO, b"t", b"closed version")
         await fs.wait_idle()
         # The claim lands; the PUT under the new name does not (the daemon dies there).
-        dying = store.fail("put", TransientStoreError("the daemon dies here"), prefix=new,
-                           times=1000)
+        # (A target with no entry is written with put_if_absent, decision 0006.)
+        dying = [store.fail(op, TransientStoreError("the daemon dies here"), prefix=new,
+                            times=1000) for op in ("put", "put_if_absent")]
         with trio.move_on_after(5):
             try:
                 await fs.rename(ROOT_INO, b"t", ROOT_INO, b"u", 0)
             except FsError:
                 pass                     # sync: the rename's own store step failed
-        while not any(c.op == "put" and c.key == new for c in store.calls):
+        while not any(c.op in ("put", "put_if_absent") and c.key == new
+                      for c in store.calls):
             await trio.sleep(0.01)
-    dying.remove()                       # the store answers again
+    for hook in dying:
+        hook.remove()                    # the store answers again
     async with open_core(tmp_path, store, config) as fs:
         core = Core(fs, store)
         with trio.fail_after(20):

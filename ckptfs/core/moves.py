@@ -1,0 +1,224 @@
+"""Moving one published entry between two keys of the store, safe against other nodes:
+decision 0006's claim, copy and conditional delete, with the target written as a
+compare-and-swap too (decision 0006, addendum "crossing renames"), and the replay of a
+move a crash cut short.
+
+Two nodes renaming two names onto each other at once (A: f0 -> f1, B: f1 -> f0) each
+claim their own source; a move whose target carries another rename's live claim gives
+its own claim back and starts again after a random pause, and a target that changed
+between reading it and writing it does the same.  So one of the two moves finishes
+first and the other then moves what the first left: one serial order's result.
+
+Knows the store, entries (``EntryIO``), the journal and the settings; nothing of FUSE,
+the namespace's tree, the metadata log's order or held names."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import random
+import time
+
+import trio
+
+from ..errors import FsError
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry
+from ..meta.namespace import Inode
+from ..store import NotFound, PreconditionFailed
+from .entries import EntryIO
+from .state import CoreState
+
+log = logging.getLogger(__name__)
+
+# A move that keeps meeting a crossing rename gives way this many times less one (pauses
+# of up to 10 ms, 20 ms, ... doubling: about 1.3 s in all); the last attempt writes the
+# target whatever it holds (last writer wins, as before): a chain of renames is safe that
+# way, only a cycle is not, and the other side of a cycle gives way too.
+MOVE_ATTEMPTS = 8
+FIRST_PAUSE = 0.01
+
+ABSENT = ""     # the target's ETag when it has no entry
+
+
+class CrossingRename(Exception):
+    """The target is being renamed by another rename, or changed while this one wrote
+    it; this move's claim was given back and nothing else changed."""
+
+
+class EntryMoves:
+    """The store steps of a rename; no state of its own but a random source for the
+    pauses."""
+
+    def __init__(self, st: CoreState, entries: EntryIO,
+                 rng: random.Random | None = None) -> None:
+        self.st = st
+        self.entries = entries
+        self.rng = rng or random.Random()
+
+    async def move_entry(self, inode: Inode, old_key: str, new_key: str,
+                         seals: bool = True) -> None:
+        """Move ``inode``'s entry from ``old_key`` to ``new_key``: claim it (of two nodes
+        renaming it, one wins; the other gets ENOENT), write it under the new key if the
+        target is still what was read, then delete the old key only if it is still our
+        claim (a newer version another node wrote there meanwhile stays)."""
+        for attempt in range(MOVE_ATTEMPTS):
+            try:
+                await self._move_once(inode, old_key, new_key, seals,
+                                      give_way=attempt < MOVE_ATTEMPTS - 1)
+                return
+            except CrossingRename:
+                pause = self.rng.uniform(0, FIRST_PAUSE * 2 ** attempt)
+                log.debug("rename %s -> %s crosses another rename; again in %.3f s",
+                          old_key, new_key, pause)
+                await trio.sleep(pause)
+        raise AssertionError("unreachable: the last attempt writes over a crossing claim")
+
+    async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
+                         give_way: bool) -> None:
+        claim_etag = await self.claim(inode, old_key, new_key)
+        target: str | None = None       # the last attempt writes whatever is there
+        if give_way:
+            target = await self._target_etag(new_key, old_key)
+            if target is None:
+                await self._give_back(inode, old_key, claim_etag)
+                raise CrossingRename()
+        if seals and inode.staged and inode.type == "dir":
+            inode.sealed_at = time.time()       # retention orders by seal time
+        moved = self.entries._entry_of(inode)
+        moved.staged = moved.staged and not seals
+        body = moved.to_json()
+        # Journal the rest: a crash from here on is finished on restart, so a reader may
+        # briefly see both names, never neither.
+        seq = self.st.ns.journal_add({"op": "rename", "put": new_key, "body": body.decode(),
+                                      "delete": old_key, "claim": claim_etag,
+                                      "target": target})
+        await self.st._sync_journal()
+        try:
+            new_etag = await self._put_target(new_key, body, target)
+        except BaseException:
+            self.st.ns.journal_done(seq)  # the claim expires; the old name stays valid
+            raise
+        if new_etag is None:
+            self.st.ns.journal_done(seq)
+            await self._give_back(inode, old_key, claim_etag)
+            raise CrossingRename()
+        await self.delete_claimed(old_key, claim_etag)
+        self.st.ns.journal_done(seq)
+        if not inode.link_id:   # a linked inode's ETag is its inode object's
+            inode.remote_etag = new_etag
+
+    async def claim(self, inode: Inode, old_key: str, new_key: str) -> str:
+        """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
+        version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
+        claim's ETag."""
+        for _ in range(8):
+            entry, etag = await self.entries._current_entry(inode, old_key)
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and \
+                    entry.moving_to != new_key:
+                # A live claim to the same new key is this rename's own, cut short by a
+                # crash and replayed from the log (or another node's identical rename:
+                # either way the outcome is the same).
+                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            if not inode.link_id:
+                self.entries._adopt_newer(inode, entry, etag)
+            claim = self.entries._entry_of(inode)
+            claim.moving_to, claim.moving_at = new_key, time.time()
+            try:
+                return await self.entries._store(
+                    functools.partial(self.st.store.put, old_key, claim.to_json(),
+                                      if_match=etag))
+            except PreconditionFailed:
+                continue  # changed under us: read it again
+        raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
+
+    async def _target_etag(self, new_key: str, old_key: str) -> str | None:
+        """The target's ETag as the store has it now (``ABSENT`` for none), or None when
+        another rename's live claim is on it (this move gives way)."""
+        try:
+            body, etag = await self.entries._store(self.st.store.get, new_key)
+        except NotFound:
+            return ABSENT
+        try:
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry:
+            return etag     # not an entry anyone renames: replaced like any target
+        if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+            log.debug("%s is being renamed to %s by another rename: %s gives way",
+                      new_key, entry.moving_to, old_key)
+            return None
+        return etag
+
+    async def _put_target(self, key: str, body: bytes, target: str | None) -> str | None:
+        """Write the moved entry under ``key`` if it still holds what was read (``target``:
+        its ETag, ``ABSENT``; None for unconditionally, journals of older releases).  The
+        new ETag, or None when the target changed."""
+        if target is None:
+            return await self.entries._store(self.st.store.put, key, body)
+        if target == ABSENT:
+            return await self.entries._store(self.st.store.put_if_absent, key, body)
+        try:
+            return await self.entries._store(
+                functools.partial(self.st.store.put, key, body, if_match=target))
+        except PreconditionFailed:
+            return None
+
+    async def _give_back(self, inode: Inode, key: str, claim_etag: str) -> None:
+        """Take this move's claim off ``key`` again (compare-and-swap: whatever another
+        node wrote there since stays)."""
+        await self.put_quietly(key, self.entries._entry_of(inode), claim_etag)
+
+    async def put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
+        try:
+            await self.entries._store(functools.partial(self.st.store.put, key, entry.to_json(),
+                                                        if_match=if_match))
+        except (FsError, PreconditionFailed) as exc:
+            log.warning("could not release the claim on %s (%s): it expires", key, exc)
+
+    async def delete_claimed(self, old_key: str, claim_etag: str) -> None:
+        try:
+            await self.entries._store(functools.partial(self.st.store.delete, old_key,
+                                                        if_match=claim_etag))
+        except PreconditionFailed:
+            log.info("%s was written again by another node during a rename: that newer "
+                     "version stays under the old name", old_key)
+
+    async def replay(self, record: dict) -> None:
+        """Finish a journaled move a crash cut short (recovery): the target written as
+        the move read it -- or already written by the move itself -- then the old key
+        deleted if still our claim.  A target another node changed since: the move is
+        not done, and its claim expires (the old name stays valid)."""
+        body = record["body"].encode()
+        target = record.get("target")     # absent in journals of older releases
+        if await self._put_target(record["put"], body, target) is None and \
+                not await self._holds(record["put"], body):
+            log.warning("an interrupted rename to %s was not finished: the target "
+                        "changed since; %s stays", record["put"], record["delete"])
+            if record.get("claim"):
+                await self._release_logged_claim(record["delete"], record["claim"])
+            return
+        if record.get("claim"):
+            await self.delete_claimed(record["delete"], record["claim"])
+        else:
+            await self.entries._store(self.st.store.delete, record["delete"])
+        log.info("finished an interrupted rename to %s", record["put"])
+
+    async def _holds(self, key: str, body: bytes) -> bool:
+        try:
+            current, _ = await self.entries._store(self.st.store.get, key)
+        except NotFound:
+            return False
+        return bytes(current) == body
+
+    async def _release_logged_claim(self, key: str, claim_etag: str) -> None:
+        """Take a replayed move's claim off ``key`` if it is still there (the entry
+        without its claim, compare-and-swap), so other nodes may rename it at once."""
+        try:
+            body, etag = await self.entries._store(self.st.store.get, key)
+            if etag != claim_etag:
+                return
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except (NotFound, BadEntry):
+            return
+        entry.moving_to, entry.moving_at = None, 0.0
+        await self.put_quietly(key, entry, claim_etag)

@@ -1,0 +1,153 @@
+"""Two nodes renaming two names onto each other at once (A: f0 -> f1 while B: f1 -> f0)
+end with one serial order's result: one name, never both.  Each rename claimed its own
+source (decision 0006 step 2) and wrote its target over the other's claim, so both
+conditional deletes found a newer entry and kept it: both names stayed, on every node (the
+soak found it, seed 1214002, local-sync: "'f0': expected nothing, shows v1").
+
+The interleaving is forced: a rename's write of its target waits (up to a few seconds)
+until both sources are claimed.  Knows the façade and the in-memory store's hooks."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from ckptfs.core import Config
+from ckptfs.errors import FsError
+from ckptfs.format.remote import entry_key
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore, TransientStoreError
+from ckptfs.store.memory import Call
+from support.core import Core, open_core
+
+pytestmark = pytest.mark.trio
+
+V0, V1 = b"version of f0 " * 300, b"version of f1 " * 200
+
+
+def hold_target_writes_until_both_claimed(store: MemoryStore, keys: tuple[str, str]):
+    """Before each of the first two PUTs of an entry that is not a claim onto one of
+    ``keys``: wait until both keys carry a claim (the crossing the bug needs), at most
+    3 s."""
+    held: list[Call] = []
+
+    def hold(call: Call) -> None:
+        if call.key not in keys or b"moving_to" in (call.data or b"") or len(held) >= 2:
+            return
+        held.append(call)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            bodies = [store._objects.get(k) for k in keys]
+            if all(b is not None and b"moving_to" in b.body for b in bodies):
+                return
+            time.sleep(0.005)
+    return store.before(hold, "put")
+
+
+async def shown(core: Core) -> dict[str, bytes]:
+    await core.fs.refresh_dir(ROOT_INO, force=True)
+    return {n: await core.load(await core.resolve(n)) for n in await core.names()}
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_two_nodes_swapping_two_names_end_with_one_name(tmp_path: Path,
+                                                              durability: str):
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability=durability, upload_hold=0.0, store_timeout=5.0)
+    keys = (entry_key("root", b"f0"), entry_key("root", b"f1"))
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        await a.save(ROOT_INO, b"f0", V0)
+        await a.save(ROOT_INO, b"f1", V1)
+        await a_fs.wait_idle()
+        assert await shown(b) == {"f0": V0, "f1": V1}
+        assert await shown(a) == {"f0": V0, "f1": V1}
+        hook = hold_target_writes_until_both_claimed(store, keys)
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a_fs.rename, ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+                nursery.start_soon(b_fs.rename, ROOT_INO, b"f1", ROOT_INO, b"f0", 0)
+            await a_fs.wait_idle()
+            await b_fs.wait_idle()
+        hook.remove()
+        # A then B: f0 holds A's file (V0); B then A: f1 holds B's file (V1).
+        serial = ({"f0": V0}, {"f1": V1})
+        seen_a, seen_b = await shown(a), await shown(b)
+        assert seen_a in serial, sorted(seen_a)
+        assert seen_b == seen_a, (sorted(seen_a), sorted(seen_b))
+        assert store.exists(keys[0]) != store.exists(keys[1])
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_chain_of_renames_across_nodes_ends_in_one_serial_order(tmp_path: Path,
+                                                                       durability: str):
+    """A: f0 -> f1 while B: f1 -> f2 (each node's target is the other's source or its
+    target): the end is A-then-B (f2 = V0) or B-then-A (f1 = V0, f2 = V1)."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability=durability, upload_hold=0.0, store_timeout=5.0)
+    keys = (entry_key("root", b"f0"), entry_key("root", b"f1"))
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        await a.save(ROOT_INO, b"f0", V0)
+        await a.save(ROOT_INO, b"f1", V1)
+        await a_fs.wait_idle()
+        assert await shown(b) == {"f0": V0, "f1": V1}
+        hook = hold_target_writes_until_both_claimed(store, keys)
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a_fs.rename, ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+                nursery.start_soon(b_fs.rename, ROOT_INO, b"f1", ROOT_INO, b"f2", 0)
+            await a_fs.wait_idle()
+            await b_fs.wait_idle()
+        hook.remove()
+        seen_a, seen_b = await shown(a), await shown(b)
+        assert seen_a in ({"f2": V0}, {"f1": V0, "f2": V1}), sorted(seen_a)
+        assert seen_b == seen_a
+
+
+async def test_a_rename_cut_short_whose_target_changed_meanwhile_is_not_done(
+        tmp_path: Path):
+    """Sync: the daemon dies after journaling a rename t -> u, before writing u (its state
+    dir is copied while that write is held: a crash image); another node then saves u.
+    The daemon restarted from the image must not write over that save (the target is no
+    longer what the rename read): the rename is not done, t keeps its file and loses its
+    claim at once, u keeps the other node's save."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability="sync", upload_hold=0.0, store_timeout=1.0)
+    old, new = entry_key("root", b"t"), entry_key("root", b"u")
+    async with open_core(tmp_path / "a", store, config) as fs:
+        await Core(fs, store).save(ROOT_INO, b"t", V0)
+        # The write of u, whichever call makes it, is held, then fails.
+        gates = [store.gate(op, prefix=new) for op in ("put", "put_if_absent")]
+        never = [store.fail(op, TransientStoreError("never written"), prefix=new,
+                            times=1000) for op in ("put", "put_if_absent")]
+        async with trio.open_nursery() as nursery:
+            async def rename() -> None:
+                with pytest.raises(FsError):
+                    await fs.rename(ROOT_INO, b"t", ROOT_INO, b"u", 0)
+            nursery.start_soon(rename)
+            with trio.fail_after(30):
+                while not any(g.calls for g in gates):
+                    await trio.sleep(0.01)
+            shutil.copytree(tmp_path / "a", tmp_path / "crashed")
+            for gate in gates:
+                gate.release()
+    for hook in never:
+        hook.remove()
+    async with open_core(tmp_path / "b", store, config) as other:
+        await Core(other, store).save(ROOT_INO, b"u", V1)
+    async with open_core(tmp_path / "crashed", store, config) as fs:
+        core = Core(fs, store)
+        with trio.fail_after(20):
+            await fs.wait_idle()
+        assert await shown(core) == {"t": V0, "u": V1}
+        assert b"moving_to" not in store.get(old)[0]     # free to rename at once
+        async with open_core(tmp_path / "c", store, config) as third:
+            await third.rename(ROOT_INO, b"t", ROOT_INO, b"w", 0)
+            assert await shown(Core(third, store)) == {"u": V1, "w": V0}
