@@ -1,4 +1,4 @@
-"""Rename and exchange: the claim/copy/conditional-delete protocol of decision 0006, and
+"""Rename and exchange (the store steps of a move are `moves.py`, decision 0006), and
 async mode's local rename (decision 0012)."""
 
 from __future__ import annotations
