@@ -50,6 +50,11 @@ class MetaLogApply:
             await self._exec_mkdir(seq, record)
         elif kind == "move":
             await self._exec_move(seq, record)
+        elif kind == "delete" and str(record.get("ident")).startswith("dir:"):
+            # An rmdir: undone in the store if another node wrote into it meanwhile (the
+            # next listing here shows it again).
+            await self.entries._delete_dir_if_empty(self._logged_key(record),
+                                                    record.get("ident"))
         elif kind == "delete":
             await self.entries._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":

@@ -331,6 +331,11 @@ class Names:
             if inode.published and not inode.links_pending and self.st._deferred() \
                     and not inode.link_id:
                 self._log_delete(inode, parent, name)
+            elif inode.type == "dir" and inode.published:
+                if not await self.entries._delete_dir_if_empty(
+                        entry_key(dir_id_of(parent), name), self.entries._identity(inode)["ident"]):
+                    self.st._touch_dir(inode.ino)    # the next lookup lists what came
+                    raise FsError(errno.ENOTEMPTY)
             elif inode.published and not inode.links_pending:
                 await self.entries._store(self.st.store.delete, entry_key(dir_id_of(parent), name))
                 if inode.link_id:

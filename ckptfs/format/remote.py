@@ -162,6 +162,14 @@ def entry_key(dir_id: str, name: bytes) -> str:
     return dir_prefix(dir_id) + encode_name(name)
 
 
+def dir_id_of_key(key: str) -> str | None:
+    """The id of the directory an entry key is in (None for a key that is no entry's)."""
+    if not key.startswith(DIRS_PREFIX):
+        return None
+    dir_id, sep, _ = key[len(DIRS_PREFIX):].partition("/")
+    return dir_id if sep else None
+
+
 def encode_name(name: bytes) -> str:
     """A POSIX name (bytes) as a key component: UTF-8 kept as is, '%', control
     characters and undecodable bytes percent-escaped.  Reversible."""

@@ -110,7 +110,10 @@ race_op = st.one_of(
                         st.integers(0, 7))),
     st.tuples(st.just("unlink"), st.integers(0, 7)),
     st.tuples(st.just("save"), st.sampled_from(DIRS), st.sampled_from(NAMES),
-              st.sampled_from(SIZES)))
+              st.sampled_from(SIZES)),
+    st.tuples(st.just("mkdir"), st.sampled_from(DIRS[1:])),
+    st.tuples(st.just("rmdir"), st.sampled_from(DIRS[1:])),
+    st.tuples(st.just("mvdir"), st.sampled_from(DIRS[1:]), st.sampled_from(DIRS[1:])))
 
 # One step on each node at the same time (``Run.race``), with store calls delayed at
 # random (seeded) so their store steps interleave; or two names renamed onto each other
@@ -166,9 +169,12 @@ class Run:
             self.current = n
 
     async def refresh(self, node: Core) -> None:
+        """List the root and every directory the node shows (after a race the model's
+        directories are not known yet)."""
         await node.fs.refresh_dir(ROOT_INO, force=True)
-        for d in sorted(self.model.dirs - {""}):
-            await node.fs.refresh_dir(await node.resolve(d), force=True)
+        for d in DIRS[1:]:
+            if d in await node.names():
+                await node.fs.refresh_dir(await node.resolve(d), force=True)
 
     async def do(self, op: tuple) -> None:
         kind, n = op[0], op[1]
@@ -298,23 +304,23 @@ class Run:
         for node in self.nodes:
             await self.refresh(node)
             trees.append(await self.tree(node))
-        for files in candidates:
-            m.files = files
+        for dirs, files in candidates:
+            m.dirs, m.files = dirs, files
             if trees == [self.expected(0), self.expected(1)]:
                 break
         else:
-            raise AssertionError(f"race {steps}: no serial order gives {trees}")
+            raise AssertionError(f"race {steps}: no serial order gives {trees}; "
+                                 f"store keys {self.nodes[0].store.keys()}")
         self.current = 0
 
     def _race_step(self, op: tuple) -> tuple | None:
         """A race step with its paths resolved in the model (None: nothing to do)."""
         m = self.model
         if op[0] == "save":
-            path = join(op[1], op[2])
-            if op[1] not in m.dirs:
-                return None
             self.vid += 1
-            return ("save", path, (self.vid, op[3]))
+            return ("save", join(op[1], op[2]), (self.vid, op[3]))
+        if op[0] in ("mkdir", "rmdir", "mvdir"):
+            return op if op[0] != "mvdir" or op[1] != op[2] else None
         names = sorted(m.files)
         if not names:
             return None
@@ -322,20 +328,36 @@ class Run:
         if op[0] == "unlink":
             return ("unlink", src)
         dst = join(*op[2]) if isinstance(op[2], tuple) else names[op[2] % len(names)]
-        if parent_of(dst)[0] not in m.dirs or dst == src:
+        if dst == src:
             return None
         return ("rename", src, dst)
 
-    def _serial(self, first: tuple, second: tuple) -> dict[str, tuple[int, int]]:
-        files = dict(self.model.files)
+    def _serial(self, first: tuple, second: tuple
+                ) -> tuple[set[str], dict[str, tuple[int, int]]]:
+        """The tree after ``first`` then ``second`` (a step that would fail does
+        nothing)."""
+        dirs, files = set(self.model.dirs), dict(self.model.files)
+
+        def under(d: str) -> list[str]:
+            return [p for p in files if p.startswith(d + "/")]
         for step in (first, second):
-            if step[0] == "save":
+            kind = step[0]
+            if kind == "save" and parent_of(step[1])[0] in dirs:
                 files[step[1]] = step[2]
-            elif step[1] in files and step[0] == "unlink":
+            elif kind == "unlink" and step[1] in files:
                 del files[step[1]]
-            elif step[1] in files:
+            elif kind == "rename" and step[1] in files and parent_of(step[2])[0] in dirs:
                 files[step[2]] = files.pop(step[1])
-        return files
+            elif kind == "mkdir":
+                dirs.add(step[1])
+            elif kind == "rmdir" and step[1] in dirs and not under(step[1]):
+                dirs.discard(step[1])
+            elif kind == "mvdir" and step[1] in dirs and not (step[2] in dirs
+                                                              and under(step[2])):
+                dirs = (dirs - {step[1]}) | {step[2]}
+                files = {(step[2] + p[len(step[1]):] if p.startswith(step[1] + "/")
+                          else p): v for p, v in files.items()}
+        return dirs, files
 
     @staticmethod
     async def _race_act(node: Core, step: tuple) -> None:
@@ -348,12 +370,20 @@ class Run:
             elif step[0] == "unlink":
                 d, name = parent_of(step[1])
                 await fs.unlink(await node.resolve(d), name.encode())
+            elif step[0] == "mkdir":
+                await fs.mkdir(ROOT_INO, step[1].encode(), 0o755, 0, 0)
+            elif step[0] == "rmdir":
+                await fs.rmdir(ROOT_INO, step[1].encode())
+            elif step[0] == "mvdir":
+                await fs.rename(ROOT_INO, step[1].encode(), ROOT_INO, step[2].encode(), 0)
             else:
                 (sd, sn), (dd, dn) = parent_of(step[1]), parent_of(step[2])
                 await fs.rename(await node.resolve(sd), sn.encode(),
                                 await node.resolve(dd), dn.encode(), 0)
         except FsError as exc:
-            if exc.errno != errno.ENOENT:   # the other node's step took the name first
+            # What a serial order answers too: the other node's step took the name
+            # first, or filled or made the directory.
+            if exc.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY):
                 raise
 
     def _names(self, n: int) -> list[str]:
@@ -424,7 +454,7 @@ class Run:
 
     async def tree(self, node: Core) -> dict[str, object]:
         seen: dict[str, object] = {}
-        for d in [""] + sorted(self.model.dirs - {""}):
+        for d in DIRS:
             if d and d not in seen:
                 continue
             for name in await node.names(await node.resolve(d) if d else ROOT_INO):

@@ -9,6 +9,7 @@ until both sources are claimed.  Knows the façade and the in-memory store's hoo
 
 from __future__ import annotations
 
+import errno
 import shutil
 import time
 from pathlib import Path
@@ -151,3 +152,57 @@ async def test_a_rename_cut_short_whose_target_changed_meanwhile_is_not_done(
         async with open_core(tmp_path / "c", store, config) as third:
             await third.rename(ROOT_INO, b"t", ROOT_INO, b"w", 0)
             assert await shown(Core(third, store)) == {"u": V1, "w": V0}
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_file_renamed_into_a_directory_another_node_removes_is_never_lost(
+        tmp_path: Path, durability: str):
+    """A: f0 -> d1/f0 while B: rmdir d1.  The rmdir listed d1 empty and deleted it; the
+    rename then wrote f0's entry under d1's id and deleted f0: the file was under no
+    directory, on no node (and gc collects such entries).  Found by the racing core
+    model.  Either order is fine; losing the file is not."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability=durability, upload_hold=0.0, store_timeout=5.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        await a.save(ROOT_INO, b"f0", V0)
+        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        await a_fs.wait_idle()
+        assert await shown_names(b) == ["d1", "f0"]
+        b_d1 = await b.resolve("d1")
+        await b_fs.refresh_dir(b_d1, force=True)
+
+        async def rmdir() -> None:
+            try:
+                await b_fs.rmdir(ROOT_INO, b"d1")
+            except FsError as exc:
+                assert exc.errno == errno.ENOTEMPTY
+
+        async def rename() -> None:
+            try:
+                await a_fs.rename(ROOT_INO, b"f0", d1, b"f0", 0)
+            except FsError as exc:
+                assert exc.errno == errno.ENOENT
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(rename)
+                nursery.start_soon(rmdir)
+            await a_fs.wait_idle()
+            await b_fs.wait_idle()
+        for core in (a, b):
+            top = await shown_names(core)
+            if "d1" in top:       # the rename came first: the rmdir found d1 not empty
+                d = await core.resolve("d1")
+                await core.fs.refresh_dir(d, force=True)
+                assert await core.names(d) == ["f0"]
+                assert await core.load(await core.resolve("d1/f0")) == V0
+            else:                 # the rmdir came first: the rename found no d1
+                assert top == ["f0"]
+                assert await core.load(await core.resolve("f0")) == V0
+
+
+async def shown_names(core: Core) -> list[str]:
+    await core.fs.refresh_dir(ROOT_INO, force=True)
+    return await core.names()
