@@ -54,9 +54,21 @@ async def shown(core: Core) -> dict[str, bytes]:
     return {n: await core.load(await core.resolve(n)) for n in await core.names()}
 
 
+# B's rename, and the trees one serial order or the other leaves.
+CROSSINGS = {
+    # A then B: f0 holds A's file (V0); B then A: f1 holds B's file (V1).
+    "swap": (b"f0", ({"f0": V0}, {"f1": V1})),
+    # A then B: f2 = V0; B then A: f1 = V0, f2 = V1 (passed before the change too).
+    "chain": (b"f2", ({"f2": V0}, {"f1": V0, "f2": V1})),
+}
+
+
 @pytest.mark.parametrize("durability", ["sync", "async"])
-async def test_two_nodes_swapping_two_names_end_with_one_name(tmp_path: Path,
-                                                              durability: str):
+@pytest.mark.parametrize("crossing", sorted(CROSSINGS))
+async def test_two_nodes_renaming_across_each_other_end_in_one_serial_order(
+        tmp_path: Path, durability: str, crossing: str):
+    """A: f0 -> f1 while B: f1 -> f0 (swap) or f1 -> f2 (chain)."""
+    b_target, serial = CROSSINGS[crossing]
     store = MemoryStore(gate_limit=30)
     config = Config(durability=durability, upload_hold=0.0, store_timeout=5.0)
     keys = (entry_key("root", b"f0"), entry_key("root", b"f1"))
@@ -72,44 +84,13 @@ async def test_two_nodes_swapping_two_names_end_with_one_name(tmp_path: Path,
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(a_fs.rename, ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
-                nursery.start_soon(b_fs.rename, ROOT_INO, b"f1", ROOT_INO, b"f0", 0)
+                nursery.start_soon(b_fs.rename, ROOT_INO, b"f1", ROOT_INO, b_target, 0)
             await a_fs.wait_idle()
             await b_fs.wait_idle()
         hook.remove()
-        # A then B: f0 holds A's file (V0); B then A: f1 holds B's file (V1).
-        serial = ({"f0": V0}, {"f1": V1})
         seen_a, seen_b = await shown(a), await shown(b)
         assert seen_a in serial, sorted(seen_a)
         assert seen_b == seen_a, (sorted(seen_a), sorted(seen_b))
-        assert store.exists(keys[0]) != store.exists(keys[1])
-
-
-@pytest.mark.parametrize("durability", ["sync", "async"])
-async def test_a_chain_of_renames_across_nodes_ends_in_one_serial_order(tmp_path: Path,
-                                                                       durability: str):
-    """A: f0 -> f1 while B: f1 -> f2 (each node's target is the other's source or its
-    target): the end is A-then-B (f2 = V0) or B-then-A (f1 = V0, f2 = V1)."""
-    store = MemoryStore(gate_limit=30)
-    config = Config(durability=durability, upload_hold=0.0, store_timeout=5.0)
-    keys = (entry_key("root", b"f0"), entry_key("root", b"f1"))
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
-        await a.save(ROOT_INO, b"f0", V0)
-        await a.save(ROOT_INO, b"f1", V1)
-        await a_fs.wait_idle()
-        assert await shown(b) == {"f0": V0, "f1": V1}
-        hook = hold_target_writes_until_both_claimed(store, keys)
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(a_fs.rename, ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
-                nursery.start_soon(b_fs.rename, ROOT_INO, b"f1", ROOT_INO, b"f2", 0)
-            await a_fs.wait_idle()
-            await b_fs.wait_idle()
-        hook.remove()
-        seen_a, seen_b = await shown(a), await shown(b)
-        assert seen_a in ({"f2": V0}, {"f1": V0, "f2": V1}), sorted(seen_a)
-        assert seen_b == seen_a
 
 
 async def test_a_rename_cut_short_whose_target_changed_meanwhile_is_not_done(
