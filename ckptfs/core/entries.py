@@ -15,7 +15,7 @@ import uuid
 import trio
 
 from ..errors import FsError
-from ..meta.namespace import ROOT_INO, Inode
+from ..meta.namespace import Inode
 from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, dir_prefix, entry_key,
                              inode_key)
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
@@ -100,52 +100,6 @@ class EntryIO:
         inode.remote_etag = etag
         inode.published = True
         self.st.ns.save(inode)
-        d = parent      # removed meanwhile (and its parents, by an rm -r): back
-        while d.ino != ROOT_INO and d.parent and not await self.dir_still_there(d):
-            await self._bring_back_dir(d, key)
-            d = self.st.ns.get(d.parent)
-
-    async def dir_still_there(self, dir_inode: Inode) -> bool:
-        """After writing an entry into ``dir_inode``: whether the directory's own entry
-        is still where this node knows it.  Another node's rmdir lists the directory
-        after deleting it (``_delete_dir_if_empty``); an entry written after that
-        listing is under no directory unless its writer sees it here.  In async mode
-        the namespace may be ahead of the store: a directory with a move or mkdir of
-        its own still in the log is not checked (the rmdir's listing is then the only
-        guard)."""
-        if dir_inode.ino == ROOT_INO or not dir_inode.parent or dir_inode.type != "dir":
-            return True         # the root
-        if self.st._deferred() and (self.st.oplog.pending_of("move", dir_inode.ino) or
-                                    self.st.oplog.pending_of("mkdir", dir_inode.ino)):
-            return True
-        parent = self.st.ns.get(dir_inode.parent)
-        try:
-            body, _ = await self._store(self.st.store.get,
-                                        entry_key(dir_id_of(parent), dir_inode.name))
-            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
-        except NotFound:
-            return False
-        except BadEntry:
-            return True
-        return entry.type == "dir" and entry.id == dir_inode.dir_id
-
-    async def _bring_back_dir(self, dir_inode: Inode, child_key: str) -> None:
-        """A closed version landed in a directory another node removed meanwhile: the
-        directory comes back under its name (the same id), so the version is never
-        under no directory.  The rmdir answered success; the saved file wins."""
-        parent = self.st.ns.get(dir_inode.parent)
-        key = entry_key(dir_id_of(parent), dir_inode.name)
-        entry = Entry(type="dir", mode=dir_inode.mode, uid=dir_inode.uid, gid=dir_inode.gid,
-                      mtime_ns=dir_inode.mtime_ns, id=dir_inode.dir_id,
-                      staged=dir_inode.staged)
-        if await self._store(self.st.store.put_if_absent, key, entry.to_json()) is None:
-            log.error("%s landed in a directory another node removed, whose name is "
-                      "taken since: it stays in the store under no name (ckptfs fsck "
-                      "lists it)", child_key)
-        else:
-            log.warning("%s landed in a directory another node removed meanwhile: the "
-                        "directory is back at %s", child_key, key)
-            self.st._touch_dir(parent.ino)
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of

@@ -23,11 +23,11 @@ import time
 import trio
 
 from ..errors import FsError
-from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, dir_id_of_key
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, dir_id_of_key, entry_key
 from ..meta.namespace import Inode
 from ..store import NotFound, PreconditionFailed
 from .entries import EntryIO
-from .state import CoreState
+from .state import CoreState, dir_id_of
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +169,30 @@ class EntryMoves:
             return None
 
     async def _dir_still_there(self, key: str) -> bool:
-        """After writing ``key``: whether its directory's entry is still there
-        (``EntryIO.dir_still_there``)."""
+        """After writing ``key``: whether its directory's entry is still where
+        this node knows it.  Another node's rmdir lists the directory after deleting it
+        (``EntryIO._delete_dir_if_empty``); an entry written after that listing is under
+        no directory unless this check takes it back.  In async mode the namespace may
+        be ahead of the store: a directory with a move or mkdir of its own still in the
+        log is not checked (the rmdir's listing is then the only guard)."""
         dir_id = dir_id_of_key(key)
         ino = self.st.ns.ino_of_dir_id(dir_id) if dir_id else None
         inode = self.st.ns.maybe_get(ino) if ino is not None else None
-        return inode is None or await self.entries.dir_still_there(inode)
+        if inode is None or not inode.parent:
+            return True         # the root, or a directory this node cannot place
+        if self.st._deferred() and (self.st.oplog.pending_of("move", inode.ino) or
+                                    self.st.oplog.pending_of("mkdir", inode.ino)):
+            return True
+        parent = self.st.ns.get(inode.parent)
+        try:
+            body, _ = await self.entries._store(self.st.store.get,
+                                                entry_key(dir_id_of(parent), inode.name))
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except NotFound:
+            return False
+        except BadEntry:
+            return True
+        return entry.type == "dir" and entry.id == dir_id
 
     async def _take_back(self, key: str, etag: str) -> None:
         try:
