@@ -6,7 +6,8 @@ One pass (one ``collect`` call) with generation X:
 
 1. walks the tree from the root (iteratively, tolerating directory-id loops) and removes
    staged trees older than the grace period (unless a node still renews a seal lease
-   below them), then seal leases not renewed within the grace period;
+   below them), then seal leases not renewed within the grace period and rmdir's
+   removal marks older than it;
 2. if the previous pass condemned chunks (X's *candidates*), announces "marking" in
    ``gc/state.json`` and waits ``settle`` seconds;
 3. marks: lists every entry under ``dirs/`` and every shared inode object of a hard
@@ -36,7 +37,8 @@ from dataclasses import dataclass, field
 from .leases import LEASE_ROOT, lease_prefix
 from ..data.liveness import (DELETING, GC_CANDIDATES_PREFIX, GC_CLOCK_KEY, GC_STATE_KEY, IDLE,
                        MARKING, GcState, candidates_key, read_candidates)
-from ..format.remote import ROOT_DIR_ID, BadEntry, Entry, decode_name, dir_prefix
+from ..format.remote import (REMOVED_PREFIX, ROOT_DIR_ID, BadEntry, Entry, decode_name,
+                             dir_prefix)
 from ..store import NotFound, ObjectStore, PreconditionFailed, StoreError
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class GcReport:
     chunks_kept: int = 0
     chunks_condemned: int = 0
     leases_deleted: int = 0
+    removal_marks_deleted: int = 0
     orphan_inodes: list[str] = field(default_factory=list)   # inode objects no name links to
     bad_entries: list[str] = field(default_factory=list)    # keys gc could not parse
     generation: int = 0
@@ -292,6 +295,7 @@ class _Pass:
         self.start()
         self.reclaim_staged()
         self.reclaim_leases()
+        self.reclaim_removal_marks()
         self.announce_marking()
         self.mark()
         if self.stop_on_bad_entries():
@@ -345,6 +349,16 @@ class _Pass:
                 if not self.dry_run:
                     self.store.delete(obj.key)
                 self.report.leases_deleted += 1
+
+    def reclaim_removal_marks(self) -> None:
+        """1. (end) rmdir's removal marks older than the grace period (decision 0028): a
+        writer reads its directory's mark right after its entry lands, so only a node
+        that stopped between the two for longer than the grace period needs one."""
+        for obj in list(self.store.list(REMOVED_PREFIX)):
+            if obj.mtime <= self.cutoff:
+                if not self.dry_run:
+                    self.store.delete(obj.key)
+                self.report.removal_marks_deleted += 1
 
     def announce_marking(self) -> None:
         """2. Announce the pass to writers (only if it may delete something)."""

@@ -11,13 +11,13 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from ..errors import FsError
 from ..meta.namespace import Inode
-from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, dir_prefix, entry_key,
-                             inode_key)
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
@@ -30,8 +30,12 @@ log = logging.getLogger(__name__)
 class EntryIO:
     """The inode <-> remote entry mapping; no state of its own."""
 
-    def __init__(self, st: CoreState) -> None:
+    def __init__(self, st: CoreState,
+                 landed: Callable[[str], Awaitable[None]]) -> None:
         self.st = st
+        # What a write of a new name does after its PUT: a directory removed meanwhile
+        # by another node comes back (``removals.DirRemovals.landed``, decision 0028).
+        self.landed = landed
 
     @no_await
     def adopt(self, parent: int, name: bytes, entry: Entry, etag: str | None) -> Inode:
@@ -100,6 +104,7 @@ class EntryIO:
         inode.remote_etag = etag
         inode.published = True
         self.st.ns.save(inode)
+        await self.landed(key)
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
@@ -119,8 +124,9 @@ class EntryIO:
         if inode.links_pending:
             body = self._entry_of(inode).to_json()
             for parent, name in inode.names:
-                await self._store(self.st.store.put, entry_key(dir_id_of(self.st.ns.get(parent)), name),
-                                  body)
+                key = entry_key(dir_id_of(self.st.ns.get(parent)), name)
+                await self._store(self.st.store.put, key, body)
+                await self.landed(key)
                 # A listing of that directory that LISTed before this PUT must not take
                 # the name for one another node removed (refresh.py's apply).
                 self.st._touch_dir(parent)
@@ -291,45 +297,6 @@ class EntryIO:
             except PreconditionFailed:
                 continue
         raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
-
-
-    async def _delete_dir_if_empty(self, key: str, ident: str | None) -> bool:
-        """rmdir's store step: delete the directory entry under ``key`` if it still holds
-        the directory ``ident`` names, then look below it once more.  A name another node
-        wrote there meanwhile (a rename into it, a publish) brings the entry back, the
-        same body if the key is still free: never a name left under no directory, which
-        nobody would see and gc would collect.  False when it came back."""
-        if not ident:
-            return True
-        for _ in range(8):
-            try:
-                body, etag = await self._store(self.st.store.get, key)
-            except NotFound:
-                return True
-            try:
-                entry = Entry.from_json(body, MAX_CHUNK_SIZE)
-            except BadEntry:
-                return True   # not ours to judge: left for gc and the log
-            if entry_identity(entry) != ident or entry.id is None:
-                log.info("%s holds another object now: left as it is", key)
-                return True
-            try:
-                await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
-            except PreconditionFailed:
-                continue
-            prefix = dir_prefix(entry.id)
-            child = await self._store(lambda: next(iter(self.st.store.list(prefix)), None))
-            if child is None:
-                return True
-            if await self._store(self.st.store.put_if_absent, key, body) is None:
-                log.error("%s was removed while another node wrote %s into it, and its name "
-                          "is taken since: that entry stays in the store, under no name "
-                          "(ckptfs fsck lists it)", key, child.key)
-                return True
-            log.info("%s not removed: another node wrote %s into it meanwhile", key,
-                     child.key)
-            return False
-        raise FsError(errno.EIO, f"{key} keeps changing; not removed")
 
 
 def entry_identity(entry: Entry) -> str:

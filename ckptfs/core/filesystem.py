@@ -39,6 +39,7 @@ from .metalog import MetaLogApply
 from .names import Names
 from .opening import Opening
 from .readbehind import ReadBehind
+from .removals import DirRemovals
 from .publish import Publish
 from .read import ReadPath
 from .recovery import Recovery
@@ -97,8 +98,7 @@ class Filesystem:
     _held_pointers = _Shared()
 
     def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging,
-                 cache: ChunkCache,
-                 config: Config, nursery: trio.Nursery,
+                 cache: ChunkCache, config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None] = lambda ino: None,
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None = None,
                  check_complete: Callable[[int, int], str | None] | None = None) -> None:
@@ -120,7 +120,8 @@ class Filesystem:
         self.writes = WritePath(st)
         self.opening = Opening(st, writes=self.writes,
                                readbehind=ReadBehind(st, writes=self.writes))
-        self.entries = EntryIO(st)
+        self.entries = EntryIO(st, landed=lambda key: self.removals.landed(key))  # 0028
+        self.removals = DirRemovals(st, self.entries)
         self.held = HeldEntries(st, self.entries)
         self.reads = ReadPath(st)
         self.refresher = Refresh(st, entries=self.entries,
@@ -131,15 +132,16 @@ class Filesystem:
                                  held=self.held)
         self.attrs = Attributes(st, entries=self.entries, publisher=self.publisher,
                                 writes=self.writes)
-        self.names = Names(st, entries=self.entries, refresher=self.refresher,
-                           opening=self.opening, writes=self.writes, publisher=self.publisher,
-                           delete_held=self.held.delete, release_held=self.held.release)
-        self.moves = EntryMoves(st, self.entries)
+        self.names = Names(st, entries=self.entries, removals=self.removals,
+                           refresher=self.refresher, opening=self.opening, writes=self.writes,
+                           publisher=self.publisher, delete_held=self.held.delete,
+                           release_held=self.held.release)
+        self.moves = EntryMoves(st, self.entries, self.removals)
         self.renames = Rename(st, entries=self.entries, names=self.names,
                               refresher=self.refresher, seals=self.seals,
                               publisher=self.publisher, held=self.held, moves=self.moves)
-        self.metalog = MetaLogApply(st, entries=self.entries, seals=self.seals,
-                                    moves=self.moves)
+        self.metalog = MetaLogApply(st, entries=self.entries, removals=self.removals,
+                                    seals=self.seals, moves=self.moves)
         self.recovery = Recovery(st, entries=self.entries, reads=self.reads,
                                  publisher=self.publisher, seals=self.seals,
                                  renames=self.renames, moves=self.moves)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .entries import EntryIO
     from .seal import Seal
     from .moves import EntryMoves
+    from .removals import DirRemovals
 
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,11 @@ class NameTaken(Exception):
 class MetaLogApply:
     """Applies async mode's metadata log to the store; no state of its own."""
 
-    def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
-                 moves: EntryMoves) -> None:
+    def __init__(self, st: CoreState, *, entries: EntryIO, removals: DirRemovals,
+                 seals: Seal, moves: EntryMoves) -> None:
         self.st = st
         self.entries = entries
+        self.removals = removals
         self.seals = seals
         self.moves = moves
 
@@ -53,8 +55,7 @@ class MetaLogApply:
         elif kind == "delete" and str(record.get("ident")).startswith("dir:"):
             # An rmdir: undone in the store if another node wrote into it meanwhile (the
             # next listing here shows it again).
-            await self.entries._delete_dir_if_empty(self._logged_key(record),
-                                                    record.get("ident"))
+            await self.removals.remove_dir(self._logged_key(record), record.get("ident"))
         elif kind == "delete":
             await self.entries._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":
@@ -84,6 +85,7 @@ class MetaLogApply:
                 inode.published, inode.remote_etag = True, created
                 inode.listed_at = time.time()
                 self.st.ns.save(inode)
+                await self.entries.landed(key)
             else:
                 try:
                     await self._join_dir(inode, key)
@@ -150,8 +152,9 @@ class MetaLogApply:
                     body, _ = await self.entries._store(self.st.store.get, old_key)
                 except NotFound:
                     continue
-                new_etag = await self.entries._store(self.st.store.put, entry_key(dir_id_of(inode), name),
-                                             body)
+                new_key = entry_key(dir_id_of(inode), name)
+                new_etag = await self.entries._store(self.st.store.put, new_key, body)
+                await self.entries.landed(new_key)
                 await self.entries._store(self.st.store.delete, old_key)
                 if not child_inode.link_id:
                     child_inode.remote_etag = new_etag
@@ -250,6 +253,7 @@ class MetaLogApply:
                                          self.entries._entry_of(inode).to_json())
                 inode.published, inode.remote_etag = True, etag
                 self.st.ns.save(inode)
+                await self.entries.landed(key)
         self.st._drop_rt(ino)
 
     async def _exec_attrs(self, record: dict) -> None:

@@ -23,11 +23,12 @@ import time
 import trio
 
 from ..errors import FsError
-from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, dir_id_of_key, entry_key
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry
 from ..meta.namespace import Inode
 from ..store import NotFound, PreconditionFailed
 from .entries import EntryIO
-from .state import CoreState, dir_id_of
+from .removals import DirRemovals
+from .state import CoreState
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,11 @@ class EntryMoves:
     """The store steps of a rename; no state of its own but a random source for the
     pauses."""
 
-    def __init__(self, st: CoreState, entries: EntryIO,
+    def __init__(self, st: CoreState, entries: EntryIO, removals: DirRemovals,
                  rng: random.Random | None = None) -> None:
         self.st = st
         self.entries = entries
+        self.removals = removals
         self.rng = rng or random.Random()
 
     async def move_entry(self, inode: Inode, old_key: str, new_key: str,
@@ -103,7 +105,7 @@ class EntryMoves:
             self.st.ns.journal_done(seq)
             await self._give_back(inode, old_key, claim_etag)
             raise CrossingRename()
-        if not await self._dir_still_there(new_key):
+        if await self.removals.was_removed(new_key):
             await self._take_back(new_key, new_etag)
             self.st.ns.journal_done(seq)
             await self._give_back(inode, old_key, claim_etag)
@@ -168,32 +170,6 @@ class EntryMoves:
         except PreconditionFailed:
             return None
 
-    async def _dir_still_there(self, key: str) -> bool:
-        """After writing ``key``: whether its directory's entry is still where
-        this node knows it.  Another node's rmdir lists the directory after deleting it
-        (``EntryIO._delete_dir_if_empty``); an entry written after that listing is under
-        no directory unless this check takes it back.  In async mode the namespace may
-        be ahead of the store: a directory with a move or mkdir of its own still in the
-        log is not checked (the rmdir's listing is then the only guard)."""
-        dir_id = dir_id_of_key(key)
-        ino = self.st.ns.ino_of_dir_id(dir_id) if dir_id else None
-        inode = self.st.ns.maybe_get(ino) if ino is not None else None
-        if inode is None or not inode.parent:
-            return True         # the root, or a directory this node cannot place
-        if self.st._deferred() and (self.st.oplog.pending_of("move", inode.ino) or
-                                    self.st.oplog.pending_of("mkdir", inode.ino)):
-            return True
-        parent = self.st.ns.get(inode.parent)
-        try:
-            body, _ = await self.entries._store(self.st.store.get,
-                                                entry_key(dir_id_of(parent), inode.name))
-            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
-        except NotFound:
-            return False
-        except BadEntry:
-            return True
-        return entry.type == "dir" and entry.id == dir_id
-
     async def _take_back(self, key: str, etag: str) -> None:
         try:
             await self.entries._store(functools.partial(self.st.store.delete, key,
@@ -235,6 +211,9 @@ class EntryMoves:
             if record.get("claim"):
                 await self._release_logged_claim(record["delete"], record["claim"])
             return
+        # Its directory removed meanwhile (or the move was taking its entry back when the
+        # crash came): the directory comes back, the moved name is never under none.
+        await self.entries.landed(record["put"])
         if record.get("claim"):
             await self.delete_claimed(record["delete"], record["claim"])
         else:

@@ -20,6 +20,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BI
                      entry_key)
 from ..store import NotFound, StoreError
 from .critical import no_await
+from .removals import DirRemovals
 from .state import CoreState, Handle, dir_id_of
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -38,12 +39,13 @@ log = logging.getLogger(__name__)
 class Names:
     """Lookup, create, mkdir, unlink, links; no state of its own."""
 
-    def __init__(self, st: CoreState, *, entries: EntryIO, refresher: Refresh,
-                 opening: Opening, writes: WritePath, publisher: Publish,
+    def __init__(self, st: CoreState, *, entries: EntryIO, removals: DirRemovals,
+                 refresher: Refresh, opening: Opening, writes: WritePath, publisher: Publish,
                  delete_held: Callable[[Inode, Inode, bytes], Awaitable[None]],
                  release_held: Callable[[Inode, Inode, bytes], None]) -> None:
         self.st = st
         self.entries = entries
+        self.removals = removals
         self.refresher = refresher
         self.opening = opening
         self.writes = writes
@@ -147,6 +149,8 @@ class Names:
         created = await self.entries._store(self.st.store.put_if_absent, key, entry.to_json(),
                                     abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
+        if created:
+            await self.entries.landed(key)
         if not created:
             # Another node (or process) won the race: adopt its directory.
             try:
@@ -332,8 +336,8 @@ class Names:
                     and not inode.link_id:
                 self._log_delete(inode, parent, name)
             elif inode.type == "dir" and inode.published:
-                if not await self.entries._delete_dir_if_empty(
-                        entry_key(dir_id_of(parent), name), self.entries._identity(inode)["ident"]):
+                key = entry_key(dir_id_of(parent), name)
+                if not await self.removals.remove_dir(key, self.entries._identity(inode)["ident"]):
                     self.st._touch_dir(inode.ino)    # the next lookup lists what came
                     raise FsError(errno.ENOTEMPTY)
             elif inode.published and not inode.links_pending:
@@ -391,6 +395,7 @@ class Names:
                 if not created:
                     await self.entries._change_nlink(inode, -1)
                     raise FsError(errno.EEXIST)
+                await self.entries.landed(key)
             else:
                 # Not published yet (a first version still being written, or queued in
                 # async mode): its first publish writes the object and every name.

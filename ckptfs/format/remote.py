@@ -82,6 +82,11 @@ def check_key_fits(dir_id: str, name: bytes) -> None:
 CHUNKS_PREFIX = "chunks/"
 INODES_PREFIX = "inodes/"
 DIRS_PREFIX = "dirs/"
+# ``removed/<dir-id>``: the mark an rmdir leaves (decision 0028): where the directory's
+# entry was and what it held, so that a writer whose entry lands in that directory
+# after the rmdir's last listing brings the directory back instead of leaving its entry
+# under no name.  gc deletes marks older than its grace period.
+REMOVED_PREFIX = "removed/"
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,6 +173,43 @@ def dir_id_of_key(key: str) -> str | None:
         return None
     dir_id, sep, _ = key[len(DIRS_PREFIX):].partition("/")
     return dir_id if sep else None
+
+
+def removed_key(dir_id: str) -> str:
+    """The removal mark of directory ``dir_id`` (decision 0028)."""
+    return f"{REMOVED_PREFIX}{dir_id}"
+
+
+@dataclass
+class RemovalMark:
+    """What an rmdir leaves under ``removed/<dir-id>``: the key the directory's entry
+    had and the entry itself (without a rename claim)."""
+
+    key: str
+    entry: Entry
+
+    def to_json(self) -> bytes:
+        return json.dumps({"v": FORMAT_VERSION, "key": self.key,
+                           "entry": json.loads(self.entry.to_json())},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, dir_id: str) -> "RemovalMark":
+        """Parse and validate the mark of ``dir_id``: its key must be an entry key and
+        its entry a directory with that id (a hostile mark names no other)."""
+        doc = _json_object(data)
+        key = doc.get("key")
+        if not isinstance(key, str) or dir_id_of_key(key) is None:
+            raise BadEntry(f"removal mark of {dir_id} names no entry key: {key!r}")
+        component = key[len(dir_prefix(dir_id_of_key(key) or "")):]
+        decode_name(component)
+        if not _DIR_ID_RE.match(dir_id_of_key(key) or ""):
+            raise BadEntry(f"removal mark of {dir_id}: bad directory id in {key!r}")
+        entry = Entry.from_json(json.dumps(doc.get("entry")).encode())
+        if entry.type != "dir" or entry.id != dir_id:
+            raise BadEntry(f"removal mark of {dir_id} holds no entry of that directory")
+        entry.moving_to, entry.moving_at = None, 0.0
+        return cls(key=key, entry=entry)
 
 
 def encode_name(name: bytes) -> str:

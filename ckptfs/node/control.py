@@ -435,6 +435,7 @@ class ControlServer:
                     "chunk_bytes_deleted": report.chunk_bytes_deleted,
                     "chunks_kept": report.chunks_kept,
                     "leases_deleted": report.leases_deleted,
+                    "removal_marks_deleted": report.removal_marks_deleted,
                     "chunks_condemned": report.chunks_condemned,
                     "bad_entries": report.bad_entries,
                     "orphan_inodes": report.orphan_inodes,

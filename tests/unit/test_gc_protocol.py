@@ -16,7 +16,7 @@ from ckptfs.data.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness
                              GuardedStore)
 from ckptfs.data.upload import ChunkUploader
 from ckptfs.format.chunkid import chunk_id, chunk_ok
-from ckptfs.format.remote import Entry, chunk_key, entry_key
+from ckptfs.format.remote import Entry, chunk_key, entry_key, removed_key
 from ckptfs.store import LocalStore, NotFound
 
 SETTLE = 0.3
@@ -394,3 +394,15 @@ def test_gc_leaves_the_peers_keys_and_their_secret_alone(store, tmp_path):
     assert gc(store).chunks_deleted == 1
     assert peer_auth.load_secret(store) == secret
     assert store.exists(member)
+
+
+def test_gc_deletes_removal_marks_older_than_its_grace_only(store):
+    """rmdir's marks (decision 0028) are read right after a write lands; gc takes those
+    older than the grace period and leaves younger ones."""
+    old, young = removed_key("ab" * 16), removed_key("cd" * 16)
+    for key in (old, young):
+        store.put(key, b"{}")
+    os.utime(store.root / old, (time.time() - 7200,) * 2)
+    report = gc(store, grace=3600)
+    assert report.removal_marks_deleted == 1
+    assert not store.exists(old) and store.exists(young)

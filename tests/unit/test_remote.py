@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from ckptfs.format.remote import BadEntry, Entry, decode_name, encode_name
+from ckptfs.format.remote import (ROOT_DIR_ID, BadEntry, Entry, RemovalMark, decode_name,
+                                  encode_name, entry_key)
 
 SHA = "a" * 64
 
@@ -119,3 +120,31 @@ def test_entries_keep_user_xattrs_and_links():
 def test_bad_new_fields_refused(body):
     with pytest.raises(BadEntry):
         Entry.from_json(body, max_chunk=8 << 20)
+
+
+DIR_ID = "ab" * 16
+
+
+def test_removal_marks_round_trip_without_the_rename_claim():
+    entry = Entry(type="dir", mode=0o750, id=DIR_ID, moving_to="dirs/root/x", moving_at=5.0)
+    mark = RemovalMark(entry_key(ROOT_DIR_ID, b"d1"), entry)
+    back = RemovalMark.from_json(mark.to_json(), DIR_ID)
+    assert back.key == "dirs/root/d1"
+    assert (back.entry.type, back.entry.id, back.entry.mode) == ("dir", DIR_ID, 0o750)
+    assert back.entry.moving_to is None
+
+
+@pytest.mark.parametrize("key, entry, why", [
+    ("chunks/ab/x", {"type": "dir", "mode": 493, "id": "ab" * 16}, "names no entry key"),
+    ("dirs/nope/d1", {"type": "dir", "mode": 493, "id": "ab" * 16}, "bad directory id"),
+    ("dirs/root/a/../b", {"type": "dir", "mode": 493, "id": "ab" * 16}, "invalid name"),
+    ("dirs/root/d1", {"type": "dir", "mode": 493, "id": "cd" * 16}, "no entry of that"),
+    ("dirs/root/d1", {"type": "symlink", "mode": 511, "target": "x"}, "no entry of that"),
+    ("dirs/root/d1", "not an entry", "not an object"),
+])
+def test_hostile_removal_marks_refused(key, entry, why):
+    """A mark names only its own directory, under a valid entry key: a hostile one
+    cannot make a node put a directory anywhere else."""
+    body = json.dumps({"v": 2, "key": key, "entry": entry}).encode()
+    with pytest.raises(BadEntry, match=why):
+        RemovalMark.from_json(body, DIR_ID)

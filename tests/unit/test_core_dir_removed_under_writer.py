@@ -1,0 +1,111 @@
+"""A name that lands in a directory another node removed meanwhile (decision 0028).
+
+Node B's rmdir sees a directory empty while node A's name in it has not reached the
+store: a file still open, a mkdir made on A's older view.  A's write then landed under a
+directory id no entry named: A's close answered success and no node showed the file.
+Now the rmdir leaves a removal mark and A's write, finding it, brings the directory back
+(with its removed parents).  A directory B *renamed* instead leaves no mark: it must not
+come back under its old name (Orbax renames ``step.orbax-checkpoint-tmp`` to ``step``
+while the writers' files are still open)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptfs.core import Config
+from ckptfs.format.remote import REMOVED_PREFIX
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import WRITE_NEW, Core, open_core
+
+pytestmark = pytest.mark.trio
+
+DATA = b"saved while its directory went " * 100
+
+
+async def _remove_tree(b: Core, path: str) -> None:
+    """``rm -r`` on node B, deepest first: every directory lists empty there."""
+    await b.fs.refresh_dir(ROOT_INO, force=True)
+    parts = path.split("/")
+    for cut in range(len(parts), 0, -1):
+        head = "/".join(parts[:cut - 1])
+        await b.fs.rmdir(await b.resolve(head) if head else ROOT_INO, parts[cut - 1].encode())
+    await b.fs.wait_idle()
+    assert await b.names() == []
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("depth", [1, 2])
+async def test_a_file_closed_in_a_directory_another_node_removed_is_kept(
+        tmp_path: Path, durability: str, depth: int):
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    path = "/".join(["d1", "d2"][:depth])
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        parent = ROOT_INO
+        for name in path.split("/"):
+            parent = (await a_fs.mkdir(parent, name.encode(), 0o755, 0, 0)).ino
+        handle, _ = await a_fs.create(parent, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        await a_fs.write(handle.fh, 0, DATA)
+        await a_fs.wait_idle()
+        await _remove_tree(b, path)
+        await a_fs.flush(handle.fh)
+        await a_fs.release(handle.fh)
+        await a_fs.wait_idle()
+        for core in (a, b):
+            await core.fs.refresh_dir(ROOT_INO, force=True)
+            assert await core.load(await core.resolve(f"{path}/f")) == DATA
+        assert not list(store.list(REMOVED_PREFIX)), "the marks go once the tree is back"
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_directory_made_in_a_directory_another_node_removed_is_kept(
+        tmp_path: Path, durability: str):
+    """A's view still has d1 (B removed it since): A's mkdir d1/sub lands under d1's id,
+    then a file saved in it.  Both come back with d1."""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        await a_fs.wait_idle()
+        await _remove_tree(b, "d1")
+        sub = (await a_fs.mkdir(d1, b"sub", 0o755, 0, 0)).ino
+        await a.save(sub, b"f", DATA)
+        await a_fs.wait_idle()
+        for core in (a, b):
+            await core.fs.refresh_dir(ROOT_INO, force=True)
+            assert await core.names() == ["d1"]
+            assert await core.load(await core.resolve("d1/sub/f")) == DATA
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_file_closed_in_a_directory_another_node_renamed_stays_in_it(
+        tmp_path: Path, durability: str):
+    """B renames d1 to d2 while A's file in it is open: the file is in d2, and d1 does
+    not come back (one directory id under two names would be a corrupt store)."""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        handle, _ = await a_fs.create(d1, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        await a_fs.write(handle.fh, 0, DATA)
+        await a_fs.wait_idle()
+        await b_fs.refresh_dir(ROOT_INO, force=True)
+        await b_fs.rename(ROOT_INO, b"d1", ROOT_INO, b"d2", 0)
+        await b_fs.wait_idle()
+        await a_fs.flush(handle.fh)
+        await a_fs.release(handle.fh)
+        await a_fs.wait_idle()
+        for core in (a, b):
+            await core.fs.refresh_dir(ROOT_INO, force=True)
+            assert await core.names() == ["d2"]
+            assert await core.load(await core.resolve("d2/f")) == DATA
+        assert not list(store.list(REMOVED_PREFIX))
