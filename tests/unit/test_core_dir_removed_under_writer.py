@@ -10,14 +10,17 @@ while the writers' files are still open)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import trio
 
 from ckptfs.core import Config
-from ckptfs.format.remote import REMOVED_PREFIX
+from ckptfs.errors import FsError
+from ckptfs.format.remote import REMOVED_PREFIX, ROOT_DIR_ID, Entry, entry_key, removed_key
 from ckptfs.meta.namespace import ROOT_INO
-from ckptfs.store import MemoryStore
+from ckptfs.store import MemoryStore, TransientStoreError
 from support.core import WRITE_NEW, Core, open_core
 
 pytestmark = pytest.mark.trio
@@ -33,7 +36,7 @@ async def _remove_tree(b: Core, path: str) -> None:
         head = "/".join(parts[:cut - 1])
         await b.fs.rmdir(await b.resolve(head) if head else ROOT_INO, parts[cut - 1].encode())
     await b.fs.wait_idle()
-    assert await b.names() == []
+    assert parts[0] not in await b.names()
 
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
@@ -109,3 +112,48 @@ async def test_a_file_closed_in_a_directory_another_node_renamed_stays_in_it(
             assert await core.names() == ["d2"]
             assert await core.load(await core.resolve("d2/f")) == DATA
         assert not list(store.list(REMOVED_PREFIX))
+
+
+async def test_a_rename_into_a_removed_directory_cut_short_by_a_crash_is_never_lost(
+        tmp_path: Path):
+    """Sync.  B removed d1; A (its view older) renames f0 into d1: its target is written,
+    and the daemon dies while it looks whether d1 was removed (the state dir is copied
+    while that read is held; its later calls fail, as a dead daemon's would).  Restarted
+    from the image, the journal's replay finds the target written and finishes the
+    rename: before decision 0028 it deleted f0 with d1 still gone, so the file was under
+    no name.  Now the replay brings d1 back first."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability="sync", upload_hold=0.0, store_timeout=1.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        await a.save(ROOT_INO, b"f0", DATA)
+        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        d1_key = entry_key(ROOT_DIR_ID, b"d1")
+        d1_id = Entry.from_json(store.get(d1_key)[0]).id
+        assert d1_id is not None
+        await _remove_tree(b, "d1")
+        # After the target's PUT, the move reads d1's mark (or, before 0028, d1's entry).
+        gates = [store.gate("get", prefix=p) for p in (removed_key(d1_id), d1_key)]
+        async with trio.open_nursery() as nursery:
+            async def rename() -> None:
+                with pytest.raises(FsError):
+                    await a_fs.rename(ROOT_INO, b"f0", d1, b"f0", 0)
+            nursery.start_soon(rename)
+            with trio.fail_after(30):
+                while not any(g.calls for g in gates):
+                    await trio.sleep(0.01)
+            shutil.copytree(tmp_path / "a", tmp_path / "crashed")
+            dead = [store.fail(op, TransientStoreError("the daemon is dead"), times=1000)
+                    for op in ("put", "delete", "put_if_absent")]
+            for gate in gates:
+                gate.release()
+    for hook in dead:
+        hook.remove()
+    async with open_core(tmp_path / "crashed", store, config) as fs:
+        with trio.fail_after(20):
+            await fs.wait_idle()
+    async with open_core(tmp_path / "c", store, config) as c_fs:
+        c = Core(c_fs, store)
+        assert await c.names() == ["d1"]
+        assert await c.load(await c.resolve("d1/f0")) == DATA
