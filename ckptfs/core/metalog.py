@@ -55,7 +55,12 @@ class MetaLogApply:
         elif kind == "delete" and str(record.get("ident")).startswith("dir:"):
             # An rmdir: undone in the store if another node wrote into it meanwhile (the
             # next listing here shows it again).
-            await self.removals.remove_dir(self._logged_key(record), record.get("ident"))
+            try:
+                await self.removals.remove_dir(self._logged_key(record), record.get("ident"))
+            except FsError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                log.info("rmdir not applied: %s (its rename comes first)", exc)
         elif kind == "delete":
             await self.entries._delete_if_same(self._logged_key(record), record.get("ident"))
         elif kind == "seal":
@@ -205,6 +210,14 @@ class MetaLogApply:
         try:
             await self.moves.move_entry(inode, old_key, new_key, seals)
         except FsError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                # Over a directory another node wrote into meanwhile (decision 0028):
+                # as if this rename had come first and failed; both stay as they are.
+                log.warning("rename to %s lost a race: another node wrote into that "
+                            "directory first; %s stays", new_key, old_key)
+                self.st._touch_dir(inode.parent)
+                self.st.ns.save(inode)
+                return False
             if exc.errno != errno.ENOENT:
                 raise
             # Not in the store under its old name.  Never published there: its own

@@ -26,7 +26,7 @@ from ..errors import FsError
 from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry
 from ..meta.namespace import Inode
 from ..store import NotFound, PreconditionFailed
-from .entries import EntryIO
+from .entries import EntryIO, entry_identity
 from .removals import DirRemovals
 from .state import CoreState
 
@@ -74,17 +74,21 @@ class EntryMoves:
                 log.debug("rename %s -> %s crosses another rename; again in %.3f s",
                           old_key, new_key, pause)
                 await trio.sleep(pause)
-        raise AssertionError("unreachable: the last attempt writes over a crossing claim")
+        raise FsError(errno.EIO, f"{new_key} keeps changing; rename not done")
 
     async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
                          give_way: bool) -> None:
         claim_etag = await self.claim(inode, old_key, new_key)
-        target: str | None = None       # the last attempt writes whatever is there
-        if give_way:
-            target = await self._target_etag(new_key, old_key)
-            if target is None:
-                await self._give_back(inode, old_key, claim_etag)
-                raise CrossingRename()
+        try:
+            target = await self._target_etag(inode, new_key, old_key, give_way)
+        except FsError:         # a directory target another node wrote into
+            await self._give_back(inode, old_key, claim_etag)
+            raise
+        if target is None:
+            await self._give_back(inode, old_key, claim_etag)
+            raise CrossingRename()
+        if not give_way and target != ABSENT:
+            target = None       # the last attempt writes whatever is there
         if seals and inode.staged and inode.type == "dir":
             inode.sealed_at = time.time()       # retention orders by seal time
         moved = self.entries._entry_of(inode)
@@ -139,9 +143,14 @@ class EntryMoves:
                 continue  # changed under us: read it again
         raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
 
-    async def _target_etag(self, new_key: str, old_key: str) -> str | None:
+    async def _target_etag(self, inode: Inode, new_key: str, old_key: str,
+                           give_way: bool) -> str | None:
         """The target's ETag as the store has it now (``ABSENT`` for none), or None when
-        another rename's live claim is on it (this move gives way)."""
+        another rename's live claim is on it and this move gives way.  A directory there
+        (a rename over an empty directory) is removed first, the way rmdir does
+        (decision 0028): its mark tells a node whose name lands in it later to bring it
+        back, instead of that name ending under no directory.  ``ENOTEMPTY`` when a name
+        is found in it."""
         try:
             body, etag = await self.entries._store(self.st.store.get, new_key)
         except NotFound:
@@ -150,10 +159,14 @@ class EntryMoves:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry:
             return etag     # not an entry anyone renames: replaced like any target
-        if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+        if give_way and entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
             log.debug("%s is being renamed to %s by another rename: %s gives way",
                       new_key, entry.moving_to, old_key)
             return None
+        if entry.type == "dir" and entry.id and entry.id != inode.dir_id:
+            if not await self.removals.remove_dir(new_key, entry_identity(entry)):
+                raise FsError(errno.ENOTEMPTY, f"{new_key}: another node wrote into it")
+            return ABSENT
         return etag
 
     async def _put_target(self, key: str, body: bytes, target: str | None) -> str | None:

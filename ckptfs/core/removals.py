@@ -25,10 +25,12 @@ the metadata log."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -139,8 +141,7 @@ class DirRemovals:
 
     async def bring_back(self, dir_id: str) -> bool:
         """Put back directory ``dir_id`` from its removal mark, then its parents from
-        theirs, up to one that has none; each mark goes once its entry is back.  True
-        when a directory came back."""
+        theirs, up to one that has none.  True when a directory came back."""
         brought, seen = False, set()
         while dir_id != ROOT_DIR_ID and dir_id not in seen:
             seen.add(dir_id)
@@ -154,20 +155,34 @@ class DirRemovals:
             except BadEntry as exc:
                 log.error("unreadable removal mark %s (%s): left as it is", mark_key, exc)
                 return brought
-            brought = await self._put_back(mark, dir_id) or brought
-            try:
-                await self.entries._store(functools.partial(self.st.store.delete, mark_key,
-                                                            if_match=etag))
-            except PreconditionFailed:
-                pass    # another rmdir since: its own mark stays
+            if not await self._restore(mark, dir_id, etag):
+                # Its entry is still there: an rmdir between its mark and its delete
+                # (whose last listing comes after this node's PUT, so it sees it), or
+                # one that died there (gc ends that mark).  Nothing to do, and the
+                # mark stays: deleting it would leave that rmdir without one.
+                return brought
+            brought = True
             dir_id = dir_id_of_key(mark.key) or ROOT_DIR_ID
         return brought
 
+    async def _restore(self, mark: RemovalMark, dir_id: str, mark_etag: str | None) -> bool:
+        """The directory's entry back from ``mark``, then the mark deleted (If-Match
+        ``mark_etag``: a newer rmdir's mark stays).  False when its entry was still
+        there and nothing was done."""
+        if not await self._put_back(mark, dir_id):
+            return False
+        if mark_etag is not None:
+            try:
+                await self.entries._store(functools.partial(
+                    self.st.store.delete, removed_key(dir_id), if_match=mark_etag))
+            except PreconditionFailed:
+                pass
+        return True
+
     async def _put_back(self, mark: RemovalMark, dir_id: str) -> bool:
         """The directory's entry under the key it had; under a name of its own beside
-        it when another object took that name meanwhile.  False when it was there
-        already (put back by another writer, or the mark of an rmdir that died before
-        its delete)."""
+        it when another object took that name meanwhile.  False when it is there
+        already (an rmdir not past its delete, or put back by another writer)."""
         keys = [mark.key, self._beside(mark.key, dir_id)]
         for key in keys:
             for _ in range(ATTEMPTS):
@@ -191,7 +206,7 @@ class DirRemovals:
         log.error("directory %s was removed while this node wrote into it, and neither "
                   "%s nor %s is free: its entries stay in the store under no name "
                   "(ckptfs fsck lists them)", dir_id, *keys)
-        return False
+        return True     # nothing more this node can do: the mark goes, the log says it
 
     @staticmethod
     def _beside(key: str, dir_id: str) -> str:
@@ -216,10 +231,12 @@ class DirRemovals:
     # ------------------------------------------------------------------ rmdir
 
     async def remove_dir(self, key: str, ident: str | None) -> bool:
-        """rmdir's store step: mark the directory ``ident`` names as removed, delete its
-        entry under ``key`` if it is still that directory, then look below it once more:
-        a name another node wrote there meanwhile brings it back.  False when it came
-        back (a name arrived)."""
+        """rmdir's store step: claim the entry under ``key`` if it still holds the
+        directory ``ident`` names (as a rename claims its source: a rename meanwhile
+        finds the claim and answers ENOENT), mark the directory removed, delete the
+        entry, then look below it once more: a name another node wrote there meanwhile
+        brings it back.  False when it came back (a name arrived); ENOENT when another
+        node's rename or rmdir holds it."""
         if not ident:
             return True
         marked: tuple[str, str] | None = None      # the mark this call wrote, its ETag
@@ -236,25 +253,44 @@ class DirRemovals:
                 log.info("%s holds another object now: left as it is", key)
                 await self._unmark(marked)
                 return True
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+                # Another node is renaming (or removing) it: that comes first.  Deleting
+                # a rename's claimed entry and putting it back would leave its id under
+                # two names.
+                await self._unmark(marked)
+                raise FsError.enoent(f"{key} is being renamed or removed by another node")
             entry.moving_to, entry.moving_at = None, 0.0
             mark_key = removed_key(entry.id)
+            claim = dataclasses.replace(entry, moving_to=mark_key, moving_at=time.time())
+            try:
+                etag = await self.entries._store(functools.partial(
+                    self.st.store.put, key, claim.to_json(), if_match=etag))
+            except PreconditionFailed:
+                continue
             marked = mark_key, await self.entries._store(
                 self.st.store.put, mark_key, RemovalMark(key, entry).to_json())
             try:
                 await self.entries._store(functools.partial(self.st.store.delete, key,
                                                             if_match=etag))
             except PreconditionFailed:
-                continue
-            prefix = dir_prefix(entry.id)
-            child = await self.entries._store(
-                lambda: next(iter(self.st.store.list(prefix)), None))
-            if child is None:
-                return True
-            log.info("%s not removed: another node wrote %s into it meanwhile", key,
-                     child.key)
-            await self.bring_back(entry.id)
-            return False
+                continue            # our claim outlived its TTL and was taken
+            return await self._look_below(key, entry, marked[1])
         raise FsError(errno.EIO, f"{key} keeps changing; not removed")
+
+    async def _look_below(self, key: str, entry: Entry, mark_etag: str) -> bool:
+        """After the delete: a name found below brings the directory back (its own
+        entry, which a writer may have put back already, then any parent another rmdir
+        removed meanwhile).  False when it came back."""
+        assert entry.id is not None
+        prefix = dir_prefix(entry.id)
+        child = await self.entries._store(
+            lambda: next(iter(self.st.store.list(prefix)), None))
+        if child is None:
+            return True
+        log.info("%s not removed: another node wrote %s into it meanwhile", key, child.key)
+        await self._restore(RemovalMark(key, entry), entry.id, mark_etag)
+        await self.bring_back(dir_id_of_key(key) or ROOT_DIR_ID)
+        return False
 
     async def _unmark(self, marked: tuple[str, str] | None) -> None:
         if marked is None:

@@ -157,3 +157,4 @@ async def test_a_rename_into_a_removed_directory_cut_short_by_a_crash_is_never_l
         c = Core(c_fs, store)
         assert await c.names() == ["d1"]
         assert await c.load(await c.resolve("d1/f0")) == DATA
+
