@@ -113,6 +113,8 @@ class EntryMoves:
             await self._take_back(new_key, new_etag)
             self.st.ns.journal_done(seq)
             await self._give_back(inode, old_key, claim_etag)
+            if await self.removals.came_back(new_key):
+                raise CrossingRename()      # the rmdir saw this entry first: again
             raise FsError.enoent(f"the directory of {new_key} was removed by another node")
         await self.delete_claimed(old_key, claim_etag)
         self.st.ns.journal_done(seq)

@@ -93,10 +93,49 @@ class DirRemovals:
         if dir_id is None or dir_id == ROOT_DIR_ID:
             return False
         try:
-            await self.entries._store(self.st.store.get, removed_key(dir_id))
+            body, _ = await self.entries._store(self.st.store.get, removed_key(dir_id))
         except NotFound:
             return False
-        return True
+        try:
+            mark = RemovalMark.from_json(body, dir_id)
+        except BadEntry:
+            return True
+        # Its entry still (or again) there: an rmdir before its delete, or one that
+        # found a name below and is putting it back.  Its last listing comes after this
+        # PUT, so it sees the moved name: the move stays (the rmdir answers ENOTEMPTY).
+        return not await self._is_there(mark.key, dir_id)
+
+    async def came_back(self, key: str, wait: float = 0.5) -> bool:
+        """After a rename took its entry under ``key`` back from a removed directory:
+        whether that directory comes back within ``wait`` seconds (an rmdir whose last
+        listing saw the entry before it was taken back puts it back; the rename then
+        goes again, so that one of the two succeeds, never neither)."""
+        dir_id = dir_id_of_key(key)
+        if dir_id is None or dir_id == ROOT_DIR_ID:
+            return False
+        deadline = trio.current_time() + wait
+        while True:
+            try:
+                body, _ = await self.entries._store(self.st.store.get, removed_key(dir_id))
+                mark = RemovalMark.from_json(body, dir_id)
+            except NotFound:
+                return True         # put back, mark and all
+            except BadEntry:
+                return False
+            if await self._is_there(mark.key, dir_id):
+                return True
+            if trio.current_time() >= deadline:
+                return False
+            await trio.sleep(wait / 10)
+
+    async def _is_there(self, key: str, dir_id: str) -> bool:
+        """Whether ``key`` holds directory ``dir_id``'s entry."""
+        try:
+            body, _ = await self.entries._store(self.st.store.get, key)
+            there = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except (NotFound, BadEntry):
+            return False
+        return there.type == "dir" and there.id == dir_id
 
     async def _checked(self, dir_id: str, ticket: int) -> bool:
         """Whether a check of ``dir_id`` that started after ``ticket`` found it removed

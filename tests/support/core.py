@@ -10,7 +10,8 @@ private attributes, so it survives rewrites of ``ckptfs/core/`` internals.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,29 @@ async def reached(gate: Any, count: int = 1) -> None:
         await trio.to_thread.run_sync(gate.wait_reached, 30)
         while len(gate.calls) < count:
             await trio.sleep(0.01)
+
+
+async def crash_image(gates: list[Any], state_dir: Path, image: Path,
+                      then: Callable[[], object] = lambda: None) -> None:
+    """Once a store call is held at one of ``gates``: copy ``state_dir`` to ``image``
+    (what a daemon that died at that call had on disk), call ``then`` (e.g. make the
+    store fail the live daemon's later calls, as a dead one makes none), release."""
+    with trio.fail_after(30):
+        while not any(g.calls for g in gates):
+            await trio.sleep(0.01)
+    shutil.copytree(state_dir, image)
+    then()
+    for gate in gates:
+        gate.release()
+
+
+@asynccontextmanager
+async def two_cores(base: Path, store: ObjectStore, config: Config
+                    ) -> AsyncIterator[tuple[Core, Core]]:
+    """Two nodes over one store: ``base/a`` and ``base/b``."""
+    async with open_core(base / "a", store, config) as a_fs, \
+            open_core(base / "b", store, config) as b_fs:
+        yield Core(a_fs, store), Core(b_fs, store)
 
 
 @asynccontextmanager

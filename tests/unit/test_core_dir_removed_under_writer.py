@@ -10,7 +10,6 @@ while the writers' files are still open)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from ckptfs.errors import FsError
 from ckptfs.format.remote import REMOVED_PREFIX, ROOT_DIR_ID, Entry, entry_key, removed_key
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
-from support.core import WRITE_NEW, Core, open_core
+from support.core import WRITE_NEW, Core, crash_image, open_core, two_cores
 
 pytestmark = pytest.mark.trio
 
@@ -46,9 +45,8 @@ async def test_a_file_closed_in_a_directory_another_node_removed_is_kept(
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0)
     path = "/".join(["d1", "d2"][:depth])
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        a_fs, b_fs = a.fs, b.fs
         parent = ROOT_INO
         for name in path.split("/"):
             parent = (await a_fs.mkdir(parent, name.encode(), 0o755, 0, 0)).ino
@@ -72,9 +70,8 @@ async def test_a_directory_made_in_a_directory_another_node_removed_is_kept(
     then a file saved in it.  Both come back with d1."""
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0)
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        a_fs, b_fs = a.fs, b.fs
         d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
         await a_fs.wait_idle()
         await _remove_tree(b, "d1")
@@ -94,9 +91,8 @@ async def test_a_file_closed_in_a_directory_another_node_renamed_stays_in_it(
     not come back (one directory id under two names would be a corrupt store)."""
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0)
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        a_fs, b_fs = a.fs, b.fs
         d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
         handle, _ = await a_fs.create(d1, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
         await a_fs.write(handle.fh, 0, DATA)
@@ -124,9 +120,8 @@ async def test_a_rename_into_a_removed_directory_cut_short_by_a_crash_is_never_l
     no name.  Now the replay brings d1 back first."""
     store = MemoryStore(gate_limit=30)
     config = Config(durability="sync", upload_hold=0.0, store_timeout=1.0)
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        a_fs, b_fs = a.fs, b.fs
         await a.save(ROOT_INO, b"f0", DATA)
         d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
         d1_key = entry_key(ROOT_DIR_ID, b"d1")
@@ -140,14 +135,10 @@ async def test_a_rename_into_a_removed_directory_cut_short_by_a_crash_is_never_l
                 with pytest.raises(FsError):
                     await a_fs.rename(ROOT_INO, b"f0", d1, b"f0", 0)
             nursery.start_soon(rename)
-            with trio.fail_after(30):
-                while not any(g.calls for g in gates):
-                    await trio.sleep(0.01)
-            shutil.copytree(tmp_path / "a", tmp_path / "crashed")
-            dead = [store.fail(op, TransientStoreError("the daemon is dead"), times=1000)
-                    for op in ("put", "delete", "put_if_absent")]
-            for gate in gates:
-                gate.release()
+            dead: list = []
+            await crash_image(gates, tmp_path / "a", tmp_path / "crashed", then=lambda: dead.extend(
+                store.fail(op, TransientStoreError("the daemon is dead"), times=1000)
+                for op in ("put", "delete", "put_if_absent")))
     for hook in dead:
         hook.remove()
     async with open_core(tmp_path / "crashed", store, config) as fs:

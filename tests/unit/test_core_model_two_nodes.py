@@ -294,6 +294,10 @@ class Run:
         m = self.model
         if m.writers:
             return                    # the race is about closed files
+        for node in self.nodes:
+            await node.fs.wait_idle()
+        for node in self.nodes:
+            await self.refresh(node)
         for op in (op_a, op_b):
             if op[0] == "close" and op[1] and op[1] not in m.dirs:
                 await self.nodes[0].fs.mkdir(ROOT_INO, op[1].encode(), 0o755, 0, 0)

@@ -10,7 +10,6 @@ until both sources are claimed.  Knows the façade and the in-memory store's hoo
 from __future__ import annotations
 
 import errno
-import shutil
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from ckptfs.format.remote import entry_key
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
 from ckptfs.store.memory import Call
-from support.core import Core, open_core
+from support.core import Core, crash_image, open_core
 
 pytestmark = pytest.mark.trio
 
@@ -114,12 +113,7 @@ async def test_a_rename_cut_short_whose_target_changed_meanwhile_is_not_done(
                 with pytest.raises(FsError):
                     await fs.rename(ROOT_INO, b"t", ROOT_INO, b"u", 0)
             nursery.start_soon(rename)
-            with trio.fail_after(30):
-                while not any(g.calls for g in gates):
-                    await trio.sleep(0.01)
-            shutil.copytree(tmp_path / "a", tmp_path / "crashed")
-            for gate in gates:
-                gate.release()
+            await crash_image(gates, tmp_path / "a", tmp_path / "crashed")
     for hook in never:
         hook.remove()
     async with open_core(tmp_path / "b", store, config) as other:
