@@ -101,7 +101,7 @@ class Filesystem:
                  cache: ChunkCache, config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None] = lambda ino: None,
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None = None,
-                 check_complete: Callable[[int, int], str | None] | None = None) -> None:
+                 check_complete: Callable[..., str | None] | None = None) -> None:
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
         # Async mode: background uploads give way to a writer that is writing.

@@ -4,6 +4,7 @@ abandoning a working version, uploading a closed version and writing its entry."
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import time
@@ -159,11 +160,13 @@ class Publish:
             # A small file is checked here, from the page cache, through the shared
             # descriptor (no await: it cannot be evicted meanwhile) -- a worker thread's
             # round trip cost more than the check (issue 25).
-            return self.st.check_complete(self.st.staging.fd(inode.ino, ver), size)
+            return self.st.check_complete(self.st.staging.fd(inode.ino, ver), size,
+                                          name=inode.name)
         # The thread reads through a descriptor of its own: the shared one may be evicted
         # (and its number reused by another file) while it runs.
         with self.st.staging.owned_fd(inode.ino, ver) as fd:
-            return await trio.to_thread.run_sync(self.st.check_complete, fd, size)
+            return await trio.to_thread.run_sync(functools.partial(
+                self.st.check_complete, fd, size, name=inode.name))
 
     @no_await
     def _commit(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:

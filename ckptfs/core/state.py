@@ -217,7 +217,7 @@ class CoreState:
                  config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None],
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None,
-                 check_complete: Callable[[int, int], str | None] | None,
+                 check_complete: Callable[..., str | None] | None,
                  liveness: ChunkLiveness, upload_gate: UploadGate, store_health: StoreHealth,
                  uploader: ChunkUploader) -> None:
         self.ns = ns
@@ -230,8 +230,9 @@ class CoreState:
         self.journal = JournalSync(ns.sync, committed=ns.commits)
         self.invalidate = invalidate
         self.invalidate_entry = invalidate_entry
-        # Structural check of a closed file (formats.check_complete): a reason if the
-        # bytes are an incomplete checkpoint, None otherwise.
+        # Structural check of a closed file (formats.check_complete; called with
+        # ``(fd, size, name=...)``): a reason if the bytes are an incomplete checkpoint,
+        # None otherwise.
         self.check_complete = check_complete
         self.liveness = liveness
         self.upload_gate = upload_gate

@@ -637,7 +637,7 @@ class Daemon:
         if not formats:
             return None
         from ..format.checkpoints import check_complete
-        return lambda fd, size: check_complete(fd, size, formats)
+        return lambda fd, size, name=None: check_complete(fd, size, formats, name)
 
     async def _invalidate_entry(self, parent: int, name: bytes) -> None:
         """Drop a name from the kernel's dentry cache (a name we removed ourselves, e.g.

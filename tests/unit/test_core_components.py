@@ -223,6 +223,21 @@ async def test_a_failed_close_check_keeps_the_previous_version(core, tmp_path):
     assert await core.load(await core.resolve("model.safetensors")) == b"plain bytes v1"
 
 
+async def test_the_close_check_takes_a_pickle_by_its_name_too(core, tmp_path):
+    """Bytes that merely begin like a pickle (0x80, 2, an opcode; here random-looking
+    data, as ``os.urandom`` gives 1 time in 61 000) close fine under a name no pickle
+    writer uses; under ``.pkl`` they are a pickle cut short: EIO (found by CI)."""
+    data = b"\x80\x02}" + bytes(range(1, 200)) * 20 + b"\x01"
+    async with await other_node(core, tmp_path, "checked") as fs:
+        node = Core(fs, core.store)
+        ino = await node.save(ROOT_INO, b"g", data)
+        assert await node.load(ino) == data
+        handle, _ = await fs.create(ROOT_INO, b"state.pkl", 0o644, WRITE_NEW, 0, 0, me())
+        await fs.write(handle.fh, 0, data)
+        assert await errno_of(fs.flush(handle.fh)) == errno.EIO
+        await fs.release(handle.fh)
+
+
 # --------------------------------------------------------------------------- renames
 
 

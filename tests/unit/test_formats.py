@@ -588,3 +588,24 @@ def test_an_npy_header_nested_past_the_parser_gets_an_answer(tmp_path):
     path.write_bytes(b"\x93NUMPY\x02\x00" + struct.pack("<L", len(header)) + header)
     answer = check(path)
     assert answer is not None and "does not parse" in answer and "\n" not in answer
+
+
+# Found by CI (stop 32): a file of os.urandom bytes that began with 0x80, 0x02 and a byte
+# that is a pickle opcode (about 1 in 61 000 random files) was taken for a pickle cut
+# short and its close refused with EIO.  A plain pickle is only checked under the names
+# pickle writers use; files without a name (direct calls) are checked as before.
+def test_bytes_that_merely_begin_like_a_pickle_are_checked_only_under_a_pickle_name(tmp_path):
+    p = tmp_path / "g"
+    p.write_bytes(b"\x80\x02}" + bytes(range(1, 200)) * 20 + b"\x01")
+    with open(p, "rb") as f:
+        fd, size = f.fileno(), os.path.getsize(p)
+        assert check_complete(fd, size, name=b"g") is None
+        assert check_complete(fd, size, name=b"data.bin") is None
+        for name in (b"state.pkl", b"OPT.PT", b"model.pth", b"x.pickle", b"last.ckpt"):
+            assert check_complete(fd, size, name=name) == \
+                "pickle (protocol 2): does not end with STOP", name
+        assert check_complete(fd, size) is not None          # no name: checked as before
+    z = tmp_path / "z"
+    torch.save({"a": torch.randn(100)}, z)                   # a zip: its magic is enough
+    with open(z, "rb") as f:
+        assert check_complete(f.fileno(), os.path.getsize(z) - 1, name=b"z") is not None
