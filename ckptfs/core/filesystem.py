@@ -43,6 +43,7 @@ from .removals import DirRemovals
 from .publish import Publish
 from .read import ReadPath
 from .recovery import Recovery
+from .listed_dirs import ListedDirIds
 from .refresh import Refresh
 from .rename import Rename
 from .seal import Seal
@@ -124,7 +125,7 @@ class Filesystem:
         self.removals = DirRemovals(st, self.entries)
         self.held = HeldEntries(st, self.entries)
         self.reads = ReadPath(st)
-        self.refresher = Refresh(st, entries=self.entries,
+        self.refresher = Refresh(st, entries=self.entries, dir_ids=ListedDirIds(st),
                                  delete_inode=lambda inode: self.publisher._delete_inode(inode))
         self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
                           journal_publish=lambda inode: self.publisher._journal_publish(inode))

@@ -11,7 +11,7 @@ import trio
 
 from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
-from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, entry_key, inode_key)
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, inode_key
 from ..store import NotFound
 
 from .critical import no_await
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..store.base import ObjectStore
     from .entries import EntryIO
+    from .listed_dirs import ListedDirIds
 
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,11 @@ class Refresh:
     failures and start times, whether answers come from stale metadata, and the names
     whose store entry is corrupt."""
 
-    def __init__(self, st: CoreState, *, entries: EntryIO,
+    def __init__(self, st: CoreState, *, entries: EntryIO, dir_ids: ListedDirIds,
                  delete_inode: Callable[[Inode], None]) -> None:
         self.st = st
         self.entries = entries
+        self.dir_ids = dir_ids
         self.delete_inode = delete_inode
         self._refreshing: dict[int, trio.Event] = {}
         self._refresh_failed: dict[int, FsError] = {}
@@ -197,7 +199,7 @@ class Refresh:
         inode whose entry this node rewrote since the listing began keeps its own."""
         local = dict(self.st.ns.children(dir_inode.ino))
         if not changed_locally:
-            self._drop_hostile_dir_ids(dir_inode, fetched, remote, local, corrupt)
+            self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
         for name, (entry, etag) in fetched.items():
             ino = local.get(name)
             if ino is None:
@@ -330,69 +332,21 @@ class Refresh:
         return holder if holder is not None and holder.parent else None
 
     @no_await
-    def _drop_hostile_dir_ids(self, dir_inode: Inode, fetched: dict, remote: dict,
-                              local: dict, corrupt: set[bytes]) -> None:
-        """Directory ids must form a tree: an entry naming the id of this directory or
-        of one of its ancestors (an endless tree), or an id another name of this
-        listing already has (one directory twice), answers EIO for that name.  An id
-        this node knows under a name elsewhere is a directory another node moved here:
-        the old place is forgotten.  (Part of the apply phase: no await.)"""
-        ancestors = set()
-        cur = dir_inode
-        while True:
-            ancestors.add(cur.dir_id)
-            if cur.ino == ROOT_INO or not cur.parent:
-                break
-            cur = self.st.ns.get(cur.parent)
-        claimed: dict[str, bytes] = {}
-        for name in sorted(fetched):
-            entry, _ = fetched[name]
-            if entry.type != "dir":
-                continue
-            reason = None
-            if entry.id in ancestors:
-                reason = "names its own ancestor (a directory loop)"
-            elif entry.id in claimed:
-                reason = f"has the same directory id as {claimed[entry.id]!r}"
-            else:
-                claimed[entry.id] = name
-                holder = self.st.ns.ino_of_dir_id(entry.id)
-                holder_inode = self.st.ns.maybe_get(holder) if holder is not None else None
-                if holder_inode is not None and holder != local.get(name) \
-                        and holder_inode.parent:
-                    if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
-                        # Both names listed: an alias, unless the other one is the
-                        # claimed source of a rename to this name (decision 0006), or
-                        # the other name now holds another object (the directory was
-                        # renamed here and its old name made again by another node).
-                        other = fetched.get(holder_inode.name)
-                        reused = other is not None and (other[0].type != "dir" or
-                                                        other[0].id != entry.id)
-                        if not reused and (other is None or other[0].moving_to !=
-                                           entry_key(dir_id_of(dir_inode), name)):
-                            reason = f"has the same directory id as {holder_inode.name!r}"
-                    elif holder_inode.parent != dir_inode.ino and \
-                            not self.st._is_open(holder_inode.ino) \
-                            and not self.st.dir_marks.is_busy(holder_inode.ino):
-                        self._forget_subtree(holder_inode)   # moved here by another node
-            if reason is not None:
-                log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
-                          dir_prefix(dir_id_of(dir_inode)), reason)
-                corrupt.add(name)
-                del fetched[name]
-
-    @no_await
     def _forget_subtree(self, inode: Inode, parent: int | None = None,
-                        name: bytes | None = None) -> None:
+                        name: bytes | None = None, top: bool = True) -> None:
         """Drop a name that vanished from the store (another node removed it); by
         default the inode's first name.  What this node still has work for (dirty,
-        open, queued, locked) stays; a hard-linked inode stays while it has a name."""
+        open, queued, locked) stays, and so do the directories leading to it: another
+        node may have *moved* the directory, and the listing of its new place takes it
+        back whole (``_move_here``).  A hard-linked inode stays while it has a name."""
         if inode.type == "dir":
             for child_name, child in self.st.ns.children(inode.ino):
                 child_inode = self.st.ns.get(child)
                 if child_inode.dirty or self.st._is_open(child) or child in self.st.queue.queued:
                     continue
-                self._forget_subtree(child_inode, inode.ino, child_name)
+                self._forget_subtree(child_inode, inode.ino, child_name, top=False)
+            if not top and self.st.ns.has_children(inode.ino):
+                return
         if parent is None:
             parent, name = inode.parent, inode.name
         self.st.ns.unlink(inode, parent, name)
@@ -400,7 +354,8 @@ class Refresh:
             # The kernel forgets the dentry now, not at its entry timeout (a task: the
             # notification must not be awaited inside the apply phase).
             self.st.nursery.start_soon(self.st.invalidate_entry, parent, name)
-        if not inode.parent and not self.st._is_open(inode.ino):
+        if not inode.parent and not self.st._is_open(inode.ino) and \
+                not (inode.type == "dir" and self.st.ns.has_children(inode.ino)):
             self.delete_inode(inode)
         self.st.invalidate(inode.ino)
 

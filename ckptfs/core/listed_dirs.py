@@ -1,0 +1,110 @@
+"""Directory ids in a listing: they must form a tree, and one this node holds under
+another name is a directory another node moved here.  Part of the refresh's apply phase
+(no ``await``); knows nothing of the store or of how a listing is taken."""
+
+from __future__ import annotations
+
+import logging
+
+from ..format.remote import dir_prefix, entry_key
+from ..meta.namespace import ROOT_INO, Inode
+from .critical import no_await
+from .state import CoreState, dir_id_of
+
+log = logging.getLogger(__name__)
+
+
+class ListedDirIds:
+    """Checks a listing's directory entries against the ids this node holds, and moves
+    this node's inode of a directory another node renamed or moved to its new name (so
+    what this node holds in it -- a file still open, names not yet in the store -- is
+    there at once)."""
+
+    def __init__(self, st: CoreState) -> None:
+        self.st = st
+
+    @no_await
+    def check(self, dir_inode: Inode, fetched: dict, remote: dict,
+                              local: dict, corrupt: set[bytes]) -> None:
+        """Directory ids must form a tree: an entry naming the id of this directory or
+        of one of its ancestors (an endless tree), or an id another name of this
+        listing already has (one directory twice), answers EIO for that name.  An id
+        this node knows under a name elsewhere is a directory another node moved here:
+        the old place is forgotten.  (Part of the apply phase: no await.)"""
+        ancestors = set()
+        cur = dir_inode
+        while True:
+            ancestors.add(cur.dir_id)
+            if cur.ino == ROOT_INO or not cur.parent:
+                break
+            cur = self.st.ns.get(cur.parent)
+        claimed: dict[str, bytes] = {}
+        for name in sorted(fetched):
+            entry, _ = fetched[name]
+            if entry.type != "dir":
+                continue
+            reason = None
+            if entry.id in ancestors:
+                reason = "names its own ancestor (a directory loop)"
+            elif entry.id in claimed:
+                reason = f"has the same directory id as {claimed[entry.id]!r}"
+            else:
+                claimed[entry.id] = name
+                holder = self.st.ns.ino_of_dir_id(entry.id)
+                holder_inode = self.st.ns.maybe_get(holder) if holder is not None else None
+                if holder_inode is not None and holder != local.get(name) and \
+                        (holder_inode.parent or self.st.ns.has_children(holder_inode.ino)):
+                    if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
+                        # Both names listed: an alias, unless the other one is the
+                        # claimed source of a rename to this name (decision 0006), or
+                        # the other name now holds another object (the directory was
+                        # renamed here and its old name made again by another node).
+                        other = fetched.get(holder_inode.name)
+                        reused = other is not None and (other[0].type != "dir" or
+                                                        other[0].id != entry.id)
+                        if not reused and (other is None or other[0].moving_to !=
+                                           entry_key(dir_id_of(dir_inode), name)):
+                            reason = f"has the same directory id as {holder_inode.name!r}"
+                    elif self._movable(holder_inode):
+                        # Moved here by another node: the inode moves with its name,
+                        # so what this node holds in it (a file still open, names
+                        # not yet in the store) is under the new name at once.
+                        self._move_here(holder_inode, dir_inode, name, local)
+                    else:
+                        # A rename of this node is under way there: the next
+                        # listing, once it is done, moves the directory.
+                        if holder_inode.parent == dir_inode.ino:
+                            local.pop(holder_inode.name, None)
+                        del fetched[name]
+                        continue
+            if reason is not None:
+                log.error("corrupt entry %r in %s: %s (EIO for that name)", name,
+                          dir_prefix(dir_id_of(dir_inode)), reason)
+                corrupt.add(name)
+                del fetched[name]
+
+    @no_await
+    def _movable(self, holder: Inode) -> bool:
+        """May a listing move this node's directory ``holder`` to where another node
+        renamed it?  Not while a rename of this node is under way in it or in its
+        directory, nor while its directory has records of this node pending: that
+        directory's next listing sees it gone then (no await)."""
+        return not (self.st.dir_marks.is_busy(holder.ino)
+                    or self.st.dir_marks.is_busy(holder.parent)
+                    or self.st.oplog.is_busy(holder.parent))
+
+    @no_await
+    def _move_here(self, holder: Inode, dir_inode: Inode, name: bytes,
+                   local: dict[bytes, int]) -> None:
+        """Give ``holder`` the name ``name`` in ``dir_inode`` (the apply phase's view
+        ``local`` follows); the kernel forgets its old name (no await)."""
+        old_parent, old_name = holder.parent, holder.name
+        if old_parent == dir_inode.ino:
+            local.pop(old_name, None)
+        elif old_parent:
+            self.st.dir_marks.touch(old_parent)   # a listing of it under way is older
+        self.st.ns.move(holder, dir_inode.ino, name)   # from no name: a vanished one
+        local[name] = holder.ino
+        if self.st.invalidate_entry is not None and old_parent and old_name is not None:
+            self.st.nursery.start_soon(self.st.invalidate_entry, old_parent, old_name)
+        self.st.invalidate(holder.ino)

@@ -1,0 +1,77 @@
+"""A directory another node renamed or moved while this node holds work in it.
+
+Node B has a file open in ``d0`` (never closed, so no node but B knows it); node A
+renames ``d0`` to ``d1`` or moves it into another directory.  B must show its open file
+under the new path at once (POSIX on the node that holds it: the file is in the directory
+whatever the directory is called now), and every node shows it there after B closes it.
+
+Before: B's listing took ``d1`` for a new directory and forgot ``d0`` with the open file
+under it, so B's own open file was under no name until its close (soak seed 1215015).
+Now the listing moves B's inode for the directory to its new name (``Refresh._move_here``),
+and a directory that vanished keeps itself and the names above B's work until the
+listing of its new place takes it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import WRITE_NEW, Core, two_cores
+
+pytestmark = pytest.mark.trio
+
+DATA = b"held open while its directory moved " * 500
+
+
+async def _listed(core: Core, path: str) -> None:
+    """Force listings of ``path``'s directories, root first (B learns of the move)."""
+    await core.fs.refresh_dir(ROOT_INO, force=True)
+    ino = ROOT_INO
+    for part in [p for p in path.split("/") if p]:
+        ino = (await core.fs.lookup(ino, part.encode())).ino
+        await core.fs.refresh_dir(ino, force=True)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("opened_in", ["root", "d0", "d0/sub"])
+@pytest.mark.parametrize("new_path", ["d1", "p/d1"])
+async def test_a_file_held_open_follows_its_directory_renamed_by_another_node(
+        tmp_path: Path, durability: str, opened_in: str, new_path: str):
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        d0 = (await a.fs.mkdir(ROOT_INO, b"d0", 0o755, 0, 0)).ino
+        await a.fs.mkdir(d0, b"sub", 0o755, 0, 0)
+        await a.fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0)
+        await a.fs.wait_idle()
+        await _listed(b, "d0/sub")
+        start = await b.resolve(opened_in) if opened_in != "root" else ROOT_INO
+        handle, opened = await b.fs.create(start, b"f1", 0o644, WRITE_NEW, 0, 0, b.me())
+        await b.fs.write(handle.fh, 0, DATA)
+        where = await b.resolve("d0/sub" if opened_in == "d0/sub" else "d0")
+        await b.fs.rename(start, b"f1", where, b"f2", 0)   # a name only B knows yet
+        await b.fs.wait_idle()
+        await _listed(a, "d0/sub")
+        target_dir, _, target_name = new_path.rpartition("/")
+        await a.fs.rename(ROOT_INO, b"d0", await a.resolve(target_dir) if target_dir
+                          else ROOT_INO, target_name.encode(), 0)
+        await a.fs.wait_idle()
+        inner = new_path + ("/sub" if opened_in == "d0/sub" else "")
+
+        await _listed(b, inner)
+        assert "d0" not in await b.names()
+        ino = await b.resolve(f"{inner}/f2")
+        assert ino == opened.ino
+        assert await b.load(ino) == DATA, "B shows its own open file under the new name"
+
+        await b.fs.flush(handle.fh)
+        await b.fs.release(handle.fh)
+        await b.fs.wait_idle()
+        for core in (a, b):
+            await _listed(core, inner)
+            assert "d0" not in await core.names()
+            assert await core.load(await core.resolve(f"{inner}/f2")) == DATA
