@@ -115,6 +115,7 @@ class DirRemovals:
             return False
         deadline = trio.current_time() + wait
         while True:
+            await trio.sleep(wait / 10)     # ``was_removed`` has just looked
             try:
                 body, _ = await self.entries._store(self.st.store.get, removed_key(dir_id))
                 mark = RemovalMark.from_json(body, dir_id)
@@ -126,7 +127,6 @@ class DirRemovals:
                 return True
             if trio.current_time() >= deadline:
                 return False
-            await trio.sleep(wait / 10)
 
     async def _is_there(self, key: str, dir_id: str) -> bool:
         """Whether ``key`` holds directory ``dir_id``'s entry."""

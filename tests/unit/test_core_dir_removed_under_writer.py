@@ -149,3 +149,49 @@ async def test_a_rename_into_a_removed_directory_cut_short_by_a_crash_is_never_l
         assert await c.names() == ["d1"]
         assert await c.load(await c.resolve("d1/f0")) == DATA
 
+
+
+@pytest.mark.parametrize("then", ["save", "rename", "rmdir"])
+async def test_an_rmdir_that_dies_between_its_claim_and_its_delete_leaves_a_usable_directory(
+        tmp_path: Path, then: str):
+    """B's rmdir claims d1's entry and writes its removal mark, then dies before its
+    delete (every delete of d1's entry fails from then on, as a dead daemon makes
+    none).  The directory stays, and stays usable: a file saved in it is kept (its
+    check finds the mark with the entry still there: nothing to bring back), and once
+    the claim is older than ``rename_claim_ttl`` another node may rename or remove it."""
+    store = MemoryStore()
+    config = Config(durability="sync", upload_hold=0.0, store_timeout=1.0,
+                    rename_claim_ttl=0.5)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        d1 = (await a.fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        d1_key = entry_key(ROOT_DIR_ID, b"d1")
+        d1_id = Entry.from_json(store.get(d1_key)[0]).id
+        assert d1_id is not None
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        dead = store.fail("delete", TransientStoreError("the daemon is dead"), prefix=d1_key,
+                          times=1000)
+        with pytest.raises(FsError):
+            await b.fs.rmdir(ROOT_INO, b"d1")
+        dead.remove()
+        assert Entry.from_json(store.get(d1_key)[0]).moving_to == removed_key(d1_id)
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        assert await b.names() == ["d1"], "a failed rmdir did not happen"
+        assert list(store.list(removed_key(d1_id)))
+        if then == "save":
+            await a.save(d1, b"f", DATA)
+            expected, path = ["d1"], "d1/f"
+        else:
+            await trio.sleep(0.6)     # the dead rmdir's claim is past its TTL
+            if then == "rename":
+                await a.save(d1, b"f", DATA)
+                await a.fs.rename(ROOT_INO, b"d1", ROOT_INO, b"d2", 0)
+                expected, path = ["d2"], "d2/f"
+            else:
+                await a.fs.rmdir(ROOT_INO, b"d1")
+                expected, path = [], None
+        await a.fs.wait_idle()
+        async with open_core(tmp_path / "c", store, config) as c_fs:
+            c = Core(c_fs, store)
+            assert await c.names() == expected
+            if path is not None:
+                assert await c.load(await c.resolve(path)) == DATA
