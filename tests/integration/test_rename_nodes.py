@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from conftest import run_ckptfs
 from support.mounts import eventually
 
 MiB = 1 << 20
@@ -87,3 +88,33 @@ def test_an_abandoned_rename_claim_expires(local_store, make_mount):
     fresh = make_mount(local_store, name="fresh")
     assert os.listdir(fresh.path) == ["g"]
     assert (fresh.path / "g").read_bytes() == b"data"
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_file_held_open_follows_its_directory_renamed_by_another_node(
+        durability, local_store, make_mount):
+    """B writes a file it still holds open (so no other node knows it) and renames it
+    into d0; A renames d0 to d1.  B shows its open file as d1/f2 at once, with what it
+    wrote so far; after the close every node shows it there (soak seed 1215015: B showed
+    nothing until the close)."""
+    a = make_mount(local_store, name="a", durability=durability,
+                   extra=("--metadata-ttl", "0.2"))
+    b = make_mount(local_store, name="b", durability=durability,
+                   extra=("--metadata-ttl", "0.2"))
+    (a.path / "d0").mkdir()
+    assert eventually(lambda: (b.path / "d0").is_dir())
+    part = os.urandom(64 * 1024)
+    with open(b.path / "f1", "wb") as f:
+        f.write(part)
+        f.flush()
+        os.rename(b.path / "f1", b.path / "d0" / "f2")
+        os.rename(a.path / "d0", a.path / "d1")
+        assert eventually(lambda: sorted(os.listdir(b.path)) == ["d1"]), os.listdir(b.path)
+        assert (b.path / "d1" / "f2").read_bytes() == part
+        f.write(part)
+    if durability == "async":
+        run_ckptfs("wait", str(b.path), check=True, timeout=60)
+    for m in (a, b, make_mount(local_store, name="fresh")):
+        assert eventually(lambda: (m.path / "d1" / "f2").exists()), m.path
+        assert (m.path / "d1" / "f2").read_bytes() == part + part
+        assert sorted(os.listdir(m.path)) == ["d1"]
