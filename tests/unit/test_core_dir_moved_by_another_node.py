@@ -16,11 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import trio
 
 from ckptfs.core import Config
+from ckptfs.format.remote import CHUNKS_PREFIX
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import WRITE_NEW, Core, two_cores
+from support.core import WRITE_NEW, Core, reached, two_cores
 
 pytestmark = pytest.mark.trio
 
@@ -75,3 +77,37 @@ async def test_a_file_held_open_follows_its_directory_renamed_by_another_node(
             await _listed(core, inner)
             assert "d0" not in await core.names()
             assert await core.load(await core.resolve(f"{inner}/f2")) == DATA
+
+
+@pytest.mark.parametrize("new_path", ["d1", "p/d1"])
+async def test_a_closed_file_waiting_to_publish_follows_its_directory(
+        tmp_path: Path, new_path: str):
+    """Async: B closed d0/f and its publish is uploading (held); A renames or moves d0;
+    B's listing learns of it.  The publish then lands in the directory's new place.
+    Before, the listing deleted B's inode of d0, and the publish failed with ENOENT
+    (the parent inode) and was retried forever: closed, never published, and
+    ``ckptfs wait`` never done."""
+    store = MemoryStore()
+    config = Config(durability="async", upload_hold=0.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.fs.mkdir(ROOT_INO, b"d0", 0o755, 0, 0)
+        await a.fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0)
+        await a.fs.wait_idle()
+        await _listed(b, "d0")
+        uploading = store.gate("put", prefix=CHUNKS_PREFIX)
+        await b.save(await b.resolve("d0"), b"f", DATA)
+        await reached(uploading)
+        await _listed(a, "d0")
+        target_dir, _, target_name = new_path.rpartition("/")
+        await a.fs.rename(ROOT_INO, b"d0", await a.resolve(target_dir) if target_dir
+                          else ROOT_INO, target_name.encode(), 0)
+        await a.fs.wait_idle()
+        await _listed(b, new_path)
+        assert await b.load(await b.resolve(f"{new_path}/f")) == DATA
+        uploading.release()
+        with trio.fail_after(10):
+            await b.fs.wait_idle()
+        for core in (a, b):
+            await _listed(core, new_path)
+            assert "d0" not in await core.names()
+            assert await core.load(await core.resolve(f"{new_path}/f")) == DATA
