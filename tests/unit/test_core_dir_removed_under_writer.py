@@ -40,8 +40,11 @@ async def _remove_tree(b: Core, path: str) -> None:
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
 @pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("a_listed", [False, True])
 async def test_a_file_closed_in_a_directory_another_node_removed_is_kept(
-        tmp_path: Path, durability: str, depth: int):
+        tmp_path: Path, durability: str, depth: int, a_listed: bool):
+    """``a_listed``: A lists the root after the removal, before its close (its view
+    loses the directory's name; the open file and the directories above it stay)."""
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0)
     path = "/".join(["d1", "d2"][:depth])
@@ -54,6 +57,9 @@ async def test_a_file_closed_in_a_directory_another_node_removed_is_kept(
         await a_fs.write(handle.fh, 0, DATA)
         await a_fs.wait_idle()
         await _remove_tree(b, path)
+        if a_listed:
+            await a_fs.refresh_dir(ROOT_INO, force=True)
+            assert await a.names() == []
         await a_fs.flush(handle.fh)
         await a_fs.release(handle.fh)
         await a_fs.wait_idle()
