@@ -24,13 +24,14 @@ class ListedDirIds:
         self.st = st
 
     @no_await
-    def check(self, dir_inode: Inode, fetched: dict, remote: dict,
-                              local: dict, corrupt: set[bytes]) -> None:
+    def check(self, dir_inode: Inode, fetched: dict, remote: dict, local: dict,
+              corrupt: set[bytes]) -> None:
         """Directory ids must form a tree: an entry naming the id of this directory or
         of one of its ancestors (an endless tree), or an id another name of this
         listing already has (one directory twice), answers EIO for that name.  An id
-        this node knows under a name elsewhere is a directory another node moved here:
-        the old place is forgotten.  (Part of the apply phase: no await.)"""
+        this node knows under a name elsewhere (or under no name, kept for its work) is a
+        directory another node moved here: this node's inode moves to the new name.
+        (Part of the apply phase: no await.)"""
         ancestors = set()
         cur = dir_inode
         while True:
