@@ -46,6 +46,9 @@ from .state import CoreState
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 8
+# Names a removed directory may come back under when its own is taken: beyond them
+# something is making names on purpose, and its entries wait under no name for fsck.
+RESTORED_NAMES = 32
 
 
 @dataclass
@@ -220,9 +223,11 @@ class DirRemovals:
 
     async def _put_back(self, mark: RemovalMark, dir_id: str) -> bool:
         """The directory's entry under the key it had; under a name of its own beside
-        it when another object took that name meanwhile.  False when it is there
+        it when another object took that name meanwhile (``<name>.restored-<id8>``,
+        then ``-2``, ``-3``, … while those are taken too).  False when it is there
         already (an rmdir not past its delete, or put back by another writer)."""
-        keys = [mark.key, self._beside(mark.key, dir_id)]
+        keys = [mark.key] + [self._beside(mark.key, dir_id, n)
+                             for n in range(1, RESTORED_NAMES + 1)]
         for key in keys:
             for _ in range(ATTEMPTS):
                 if await self.entries._store(self.st.store.put_if_absent, key,
@@ -242,17 +247,18 @@ class DirRemovals:
                 if there.type == "dir" and there.id == dir_id:
                     return False
                 break               # another object has that name
-        log.error("directory %s was removed while this node wrote into it, and neither "
-                  "%s nor %s is free: its entries stay in the store under no name "
-                  "(ckptfs fsck lists them)", dir_id, *keys)
+        log.error("directory %s was removed while this node wrote into it, and none of "
+                  "%s … %s is free: its entries stay in the store under no name "
+                  "(ckptfs fsck lists them)", dir_id, keys[0], keys[-1])
         return True     # nothing more this node can do: the mark goes, the log says it
 
     @staticmethod
-    def _beside(key: str, dir_id: str) -> str:
-        """``<name>.restored-<id>`` in the same directory, cut to fit a key."""
+    def _beside(key: str, dir_id: str, number: int = 1) -> str:
+        """``<name>.restored-<id8>`` (``-<number>`` after it from 2 on) in the same
+        directory, the name cut to fit a key."""
         parent = dir_id_of_key(key) or ROOT_DIR_ID
         name = decode_name(key[len(dir_prefix(parent)):])
-        suffix = f".restored-{dir_id[:8]}".encode()
+        suffix = f".restored-{dir_id[:8]}{f'-{number}' if number > 1 else ''}".encode()
         for cut in (len(name), 200, 100):
             try:
                 check_key_fits(parent, name[:cut] + suffix)

@@ -201,3 +201,37 @@ async def test_an_rmdir_that_dies_between_its_claim_and_its_delete_leaves_a_usab
             assert await c.names() == expected
             if path is not None:
                 assert await c.load(await c.resolve(path)) == DATA
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_removed_directory_whose_name_and_restored_name_are_both_taken_comes_back(
+        tmp_path: Path, durability: str):
+    """B removed d1 while A's file in it was open, then made a new d1 and a
+    ``d1.restored-<id8>`` of its own.  A's close brings the removed d1 back under the
+    next free numbered name beside them (before: an ERROR line, and its entries under
+    no name at all)."""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        a_fs, b_fs = a.fs, b.fs
+        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        handle, _ = await a_fs.create(d1, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        await a_fs.write(handle.fh, 0, DATA)
+        await a_fs.wait_idle()
+        d1_id = Entry.from_json(store.get(entry_key(ROOT_DIR_ID, b"d1"))[0]).id
+        assert d1_id is not None
+        await _remove_tree(b, "d1")
+        taken = f"d1.restored-{d1_id[:8]}"
+        await b_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)
+        await b.save(ROOT_INO, taken.encode(), b"B's own file")
+        await b_fs.wait_idle()
+        await a_fs.flush(handle.fh)
+        await a_fs.release(handle.fh)
+        await a_fs.wait_idle()
+        for core in (a, b):
+            await core.fs.refresh_dir(ROOT_INO, force=True)
+            assert await core.names() == ["d1", taken, f"{taken}-2"]
+            assert await core.load(await core.resolve(f"{taken}-2/f")) == DATA
+            assert await core.load(await core.resolve(taken)) == b"B's own file"
+            assert await core.names(await core.resolve("d1")) == []
+        assert not list(store.list(REMOVED_PREFIX))
