@@ -1,6 +1,6 @@
 """``S3Store``: an S3 bucket (and key prefix) through boto3, errors translated into the
 store protocol's (transient, permanent, not found, precondition failed).  Object bytes
-(PUT, GET) go through the lean ``s3_http.ChunkHTTP`` where it can serve the endpoint
+(PUT, GET) and HEAD go through the lean ``s3_http.ChunkHTTP`` where it can serve the endpoint
 (decision 0014), boto3 otherwise.
 
 Knows nothing above the store protocol; retries are ``retry.RetryingStore``'s.
@@ -247,6 +247,12 @@ class S3Store:
             return _BOTO3
 
     def exists(self, key: str) -> bool:
+        try:
+            done = self._via_direct(lambda d: d.head(self._k(key)))
+        except NotFound:
+            return False
+        if done is not _BOTO3:
+            return True
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._k(key))
             return True
