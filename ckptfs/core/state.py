@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import trio
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import FsError
 from ..format.remote import allocated_bytes
@@ -82,6 +82,13 @@ class DirMarks:
                 if not self._busy[d]:
                     del self._busy[d]
                 self.touch(d)
+
+
+class CompletenessCheck(Protocol):
+    """Structural check of a closed file (``format.checkpoints.check_complete`` with the
+    mount's formats): the reason its bytes are an incomplete checkpoint, or None."""
+
+    def __call__(self, fd: int, size: int, name: bytes | None = None) -> str | None: ...
 
 
 @dataclass
@@ -217,7 +224,7 @@ class CoreState:
                  config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None],
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None,
-                 check_complete: Callable[..., str | None] | None,
+                 check_complete: CompletenessCheck | None,
                  liveness: ChunkLiveness, upload_gate: UploadGate, store_health: StoreHealth,
                  uploader: ChunkUploader) -> None:
         self.ns = ns
@@ -230,9 +237,7 @@ class CoreState:
         self.journal = JournalSync(ns.sync, committed=ns.commits)
         self.invalidate = invalidate
         self.invalidate_entry = invalidate_entry
-        # Structural check of a closed file (formats.check_complete; called with
-        # ``(fd, size, name=...)``): a reason if the bytes are an incomplete checkpoint,
-        # None otherwise.
+        # Structural check of a closed file (``CompletenessCheck``).
         self.check_complete = check_complete
         self.liveness = liveness
         self.upload_gate = upload_gate
