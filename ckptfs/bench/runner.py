@@ -515,19 +515,23 @@ class Bench:
             self.umount(reader)
 
     def record_cpu_split(self, system: str, before: dict, after: dict, cpu: float) -> None:
-        """Daemon CPU per GiB written, by where it went: naming chunks (hashing) and
-        sending them (PUT) from the daemon's own counters (the thread time of upload
-        workers and of the store's request threads), the rest (the FUSE loop, reading
-        staging files back, metadata, other requests) by difference."""
+        """Daemon CPU per GiB written, by where it went: naming chunks (hashing), sending
+        them (PUT) and asking whether the store has them (HEAD) from the daemon's own
+        counters (the thread time of upload workers and of the store's request threads),
+        the rest (the FUSE loop, reading staging files back, metadata, other requests)
+        by difference."""
         gib = self.workload.total / GiB
-        hashing = after["fs"].get("upload_hash_cpu_s", 0.0) - \
-            before["fs"].get("upload_hash_cpu_s", 0.0)
-        put = after["store_stats"].get("cpu_s", {}).get("put", 0.0) - \
-            before["store_stats"].get("cpu_s", {}).get("put", 0.0)
+
+        def spent(read) -> float:
+            return read(after) - read(before)
+        hashing = spent(lambda s: s["fs"].get("upload_hash_cpu_s", 0.0))
+        put = spent(lambda s: s["store_stats"].get("cpu_s", {}).get("put", 0.0))
+        head = spent(lambda s: s["store_stats"].get("cpu_s", {}).get("exists", 0.0))
         self.record(system, "cpu_s_per_gib_write", cpu / gib)
         self.record(system, "cpu_s_per_gib_write_hash", hashing / gib)
         self.record(system, "cpu_s_per_gib_write_put", put / gib)
-        self.record(system, "cpu_s_per_gib_write_rest", (cpu - hashing - put) / gib)
+        self.record(system, "cpu_s_per_gib_write_head", head / gib)
+        self.record(system, "cpu_s_per_gib_write_rest", (cpu - hashing - put - head) / gib)
 
     def eight_readers(self, rnd: int, system: str, name: str) -> None:
         """One cold reader of a big file on a fresh mount, then 8 at once on another."""
@@ -725,12 +729,13 @@ def cpu_lines(line, label: str, m: dict) -> None:
         if m.get(metric) is not None:
             line(f"{label}: daemon CPU s/GiB {metric.removeprefix('cpu_s_per_gib_')}",
                  m[metric], f"<= {limit}", m[metric] <= limit)
-    for part in ("hash", "put", "rest"):
+    for part in ("hash", "put", "head", "rest"):
         line(f"{label}:   of which {CPU_PARTS[part]}", m.get(f"cpu_s_per_gib_write_{part}"),
              "-", None)
 
 
 CPU_PARTS = {"hash": "naming chunks (hash)", "put": "PUT (transfer checksum, send)",
+             "head": "HEAD (does the store have the chunk)",
              "rest": "FUSE loop, reading staging, metadata, other requests"}
 
 

@@ -62,6 +62,7 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     for system in ("ckptfs-sync", "ckptfs-async"):
         assert cell("cpu_s_per_gib_write_hash", system) > 0
         assert cell("cpu_s_per_gib_write_put", system) >= 0
+        assert cell("cpu_s_per_gib_write_head", system) >= 0
         cell("cpu_s_per_gib_write_rest", system)       # a number (ticks: may round to 0)
     assert "sync:   of which naming chunks (hash)" in proc.stdout
     assert "async: blocked / passthrough blocked" in proc.stdout
