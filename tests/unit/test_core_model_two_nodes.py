@@ -41,12 +41,14 @@ from ckptfs.errors import FsError
 from ckptfs.store import MemoryStore
 from ckptfs.store.memory import Call
 from support.core import WRITE_NEW, Core, open_core
+from support.watchdog import Watchdog
 
 CS = 16 << 10
 SIZES = (0, 100, CS, CS + 7, 2 * CS + 1)
 DIRS = ("", "d0", "d1")
 NAMES = ("f0", "f1", "f2")
 STEP_LIMIT = 60.0               # seconds one step of a program may take
+SLOW_PROGRAM = 10.0             # a program this long is printed (shown on a failure)
 RESTORED = ".restored"          # a directory put back beside its name (decision 0028)
 RESTORED_NAME = re.compile(r"^(d\d)\.restored-[0-9a-f]{8}$")
 # Taken out of the environment, like test_model.py's knobs: daemons the integration tests
@@ -593,15 +595,23 @@ async def run_program(base: Path, durability: str, program: list[tuple],
     store = MemoryStore(gate_limit=30)
     config = Config(durability=durability, chunk_size=CS, metadata_ttl=ttl,
                     stale_wait=0.5)
+    dog = Watchdog(after=STEP_LIMIT / 3)
+    started = time.monotonic()
     async with open_core(base / "a", store, config) as a, \
-            open_core(base / "b", store, config) as b:
+            open_core(base / "b", store, config) as b, trio.open_nursery() as watching:
+        watching.start_soon(dog.run)
         run = Run([Core(a, store), Core(b, store)])
-        # A program that hangs is a failure with the step it hung in, not a stuck suite.
+        # A program that hangs is a failure with the step it hung in, not a stuck suite;
+        # a slow step prints where every task waits (support/watchdog.py).
         for op in program:
-            with trio.fail_after(STEP_LIMIT):
+            with trio.fail_after(STEP_LIMIT), dog.step(op):
                 await run.do(op)
-        with trio.fail_after(STEP_LIMIT):
+        with trio.fail_after(STEP_LIMIT), dog.step("converge"):
             await run.converge()
+        watching.cancel_scope.cancel()
+    took = time.monotonic() - started
+    if took > SLOW_PROGRAM:
+        print(f"slow program: {took:.1f} s, {durability}, ttl {ttl}: {program}", flush=True)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
