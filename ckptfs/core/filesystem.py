@@ -149,12 +149,7 @@ class Filesystem:
         self.status = Status(st, names=self.names, writes=self.writes, reads=self.reads)
         # Async mode's metadata log (decision 0012), the publish queue, the leases.
         st.oplog = MetaLog(ns, on_done=lambda: st.queue.release_parked(), health=health)
-        # As many publishes at once as chunk uploads: a small file's publish is a few
-        # round trips of waiting (HEAD, PUT, entry, removal mark), and two workers left
-        # a copy of 1 000 small files draining for 11-16 s (6-10 s with eight).  Chunk
-        # bytes in flight stay bounded by the uploader's own limiter.
-        st.queue = PublishQueue(self.publisher._publish_from_queue,
-                                workers=config.upload_concurrency,
+        st.queue = PublishQueue(self.publisher._publish_from_queue, config.upload_concurrency,
                                 ready=self.publisher._publish_ready, health=health)
         st.leases = LeaseManager(ns, store, config.lease_ttl, st._writers,
                                  lambda ino: getattr(st.runtime.get(ino), "session", None)

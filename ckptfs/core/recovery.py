@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import logging
-
-
-
-from .state import CoreState
 from typing import TYPE_CHECKING
+
+from ..meta.namespace import ROOT_INO, Inode
+from .state import CoreState
 
 if TYPE_CHECKING:
     from .entries import EntryIO
@@ -72,7 +71,46 @@ class Recovery:
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
+        self._drop_idle_nameless_dirs()
         self.st._recovered.set()
+
+    def _drop_idle_nameless_dirs(self) -> None:
+        """A directory kept under no name for this node's work in it (another node moved
+        it away, and this node never listed its new place: ``Refresh._forget_subtree``)
+        is dropped from this node's metadata, with what is below it, once nothing there
+        is owed to the store.  Nothing in the store changes: a listing of its new place
+        takes it again.  Before, such a directory stayed in the metadata for good."""
+        for inode in list(self.st.ns.all_inodes()):
+            if inode.type == "dir" and not inode.parent and inode.ino != ROOT_INO and \
+                    not self._owes(inode):
+                log.info("directory %s (inode %d), kept under no name for this node's "
+                         "work in it, is done with: dropped from this node's metadata",
+                         inode.dir_id, inode.ino)
+                self._drop_tree(inode)
+
+    def _owes(self, inode: Inode) -> bool:
+        """Whether anything at or below ``inode`` still has work this node owes the
+        store (a closed version to publish, a metadata record pending), or has a name
+        elsewhere (a hard link)."""
+        if inode.type == "dir":
+            if self.st.oplog.is_busy(inode.ino):
+                return True
+            return any(self._owes(self.st.ns.get(child))
+                       for _, child in self.st.ns.children(inode.ino))
+        return inode.dirty or inode.ino in self.st.queue.queued or \
+            inode.ino in self.st.ns.publish_pending() or bool(inode.aliases)
+
+    def _drop_tree(self, inode: Inode) -> None:
+        for name, child in self.st.ns.children(inode.ino):
+            child_inode = self.st.ns.get(child)
+            if child_inode.type == "dir":
+                self._drop_tree(child_inode)
+            else:
+                self.st.ns.unlink(child_inode, inode.ino, name)
+                self.publisher._delete_inode(child_inode)
+        if inode.parent:
+            self.st.ns.unlink(inode)
+        self.publisher._delete_inode(inode)
 
     async def replay_journal(self) -> None:
         """Finish what a previous run of the daemon started (DESIGN.md "Recovery")."""

@@ -53,6 +53,8 @@ class PublishQueue:
                  ready: Callable[[int], bool] = lambda ino: True,
                  health: StoreHealth | None = None,
                  refused_retry: float = REFUSED_RETRY) -> None:
+        # ``workers``: publishes at once.  The façade runs as many as chunk uploads
+        # (decision 0029): a small file's publish is mostly waiting for round trips.
         self._publish = publish
         self.health = health if health is not None else StoreHealth()
         self.refused_retry = refused_retry

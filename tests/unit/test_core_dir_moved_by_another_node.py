@@ -111,3 +111,87 @@ async def test_a_closed_file_waiting_to_publish_follows_its_directory(
             await _listed(core, new_path)
             assert "d0" not in await core.names()
             assert await core.load(await core.resolve(f"{new_path}/f")) == DATA
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_moved_directory_kept_for_work_is_dropped_at_the_next_mount_once_idle(
+        tmp_path: Path, durability: str):
+    """B kept ``d0`` under no name for its open file (A moved it into ``p``, and B never
+    lists ``p``).  Once the file is closed and published, the nameless directory holds
+    nothing B still owes the store: the next mount drops it (and what is below it) from
+    B's metadata -- it used to stay there for good.  The store still has it all."""
+    from support.core import open_core
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs:
+        a = Core(a_fs, store)
+        async with open_core(tmp_path / "b", store, config) as b_fs:
+            b = Core(b_fs, store)
+            d0 = (await a.fs.mkdir(ROOT_INO, b"d0", 0o755, 0, 0)).ino
+            await a.fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0)
+            await a.fs.wait_idle()
+            await _listed(b, "d0")
+            handle, _ = await b.fs.create(await b.resolve("d0"), b"f", 0o644, WRITE_NEW,
+                                          0, 0, b.me())
+            await b.fs.write(handle.fh, 0, DATA)
+            await a.fs.rename(ROOT_INO, b"d0", await a.resolve("p"), b"d1", 0)
+            await a.fs.wait_idle()
+            await b.fs.refresh_dir(ROOT_INO, force=True)
+            assert await b.names() == ["p"]
+            await b.fs.flush(handle.fh)
+            await b.fs.release(handle.fh)
+            await b.fs.wait_idle()
+            nameless = [i.ino for i in b.fs.st.ns.all_inodes()
+                        if i.type == "dir" and not i.parent and i.ino != ROOT_INO]
+            assert nameless, "B kept d0 under no name while its file was open"
+        async with open_core(tmp_path / "b", store, config) as b_fs:
+            b = Core(b_fs, store)
+            await b.fs.wait_idle()
+            left = [(i.ino, i.type) for i in b.fs.st.ns.all_inodes()
+                    if not i.parent and i.ino != ROOT_INO]
+            assert left == [], "nameless inodes stayed in B's metadata"
+            await _listed(b, "p/d1")
+            assert await b.load(await b.resolve("p/d1/f")) == DATA
+        await _listed(a, "p/d1")
+        assert await a.load(await a.resolve("p/d1/f")) == DATA
+
+
+async def test_a_moved_directory_kept_for_a_publish_still_owed_stays_through_a_mount(
+        tmp_path: Path):
+    """Async: B's file in the nameless ``d0`` is closed but its publish has not reached
+    the store when B unmounts.  The next mount keeps the directory (its publish is owed)
+    and the publish lands under the directory's id: the file is at ``p/d1/f``."""
+    from support.core import open_core
+    from ckptfs.store import TransientStoreError
+    store = MemoryStore()
+    config = Config(durability="async", upload_hold=0.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs:
+        a = Core(a_fs, store)
+        async with open_core(tmp_path / "b", store, config) as b_fs:
+            b = Core(b_fs, store)
+            await a.fs.mkdir(ROOT_INO, b"d0", 0o755, 0, 0)
+            await a.fs.mkdir(ROOT_INO, b"p", 0o755, 0, 0)
+            await a.fs.wait_idle()
+            await _listed(b, "d0")
+            handle, opened = await b.fs.create(await b.resolve("d0"), b"f", 0o644,
+                                               WRITE_NEW, 0, 0, b.me())
+            await b.fs.write(handle.fh, 0, DATA)
+            await a.fs.rename(ROOT_INO, b"d0", await a.resolve("p"), b"d1", 0)
+            await a.fs.wait_idle()
+            await b.fs.refresh_dir(ROOT_INO, force=True)
+            down = [store.fail(op, TransientStoreError("store away"), times=100_000)
+                    for op in ("put", "put_if_absent", "exists")]
+            await b.fs.flush(handle.fh)
+            await b.fs.release(handle.fh)
+            await trio.sleep(0.3)
+            assert b.fs.getattr(opened.ino).dirty, "the publish is still owed"
+        for hook in down:
+            hook.remove()
+        async with open_core(tmp_path / "b", store, config) as b_fs:
+            b = Core(b_fs, store)
+            with trio.fail_after(30):
+                await b.fs.wait_idle()
+            await _listed(b, "p/d1")
+            assert await b.load(await b.resolve("p/d1/f")) == DATA
+        await _listed(a, "p/d1")
+        assert await a.load(await a.resolve("p/d1/f")) == DATA
