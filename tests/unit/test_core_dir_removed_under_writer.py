@@ -38,6 +38,23 @@ async def _remove_tree(b: Core, path: str) -> None:
     assert parts[0] not in await b.names()
 
 
+async def _writing_in_new_dir(a: Core, name: bytes):
+    """A makes directory ``name`` in the root and a file ``f`` in it, written and held
+    open (only A knows the file); the directory is in the store.  Returns the handle."""
+    d = (await a.fs.mkdir(ROOT_INO, name, 0o755, 0, 0)).ino
+    handle, _ = await a.fs.create(d, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+    await a.fs.write(handle.fh, 0, DATA)
+    await a.fs.wait_idle()
+    return handle
+
+
+async def _close(a: Core, handle) -> None:
+    """A closes the file (its publish), and is idle."""
+    await a.fs.flush(handle.fh)
+    await a.fs.release(handle.fh)
+    await a.fs.wait_idle()
+
+
 @pytest.mark.parametrize("durability", ["sync", "async"])
 @pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("a_listed", [False, True])
@@ -60,9 +77,7 @@ async def test_a_file_closed_in_a_directory_another_node_removed_is_kept(
         if a_listed:
             await a_fs.refresh_dir(ROOT_INO, force=True)
             assert await a.names() == []
-        await a_fs.flush(handle.fh)
-        await a_fs.release(handle.fh)
-        await a_fs.wait_idle()
+        await _close(a, handle)
         for core in (a, b):
             await core.fs.refresh_dir(ROOT_INO, force=True)
             assert await core.load(await core.resolve(f"{path}/f")) == DATA
@@ -99,16 +114,11 @@ async def test_a_file_closed_in_a_directory_another_node_renamed_stays_in_it(
     config = Config(durability=durability, upload_hold=0.0)
     async with two_cores(tmp_path, store, config) as (a, b):
         a_fs, b_fs = a.fs, b.fs
-        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
-        handle, _ = await a_fs.create(d1, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
-        await a_fs.write(handle.fh, 0, DATA)
-        await a_fs.wait_idle()
+        handle = await _writing_in_new_dir(a, b"d1")
         await b_fs.refresh_dir(ROOT_INO, force=True)
         await b_fs.rename(ROOT_INO, b"d1", ROOT_INO, b"d2", 0)
         await b_fs.wait_idle()
-        await a_fs.flush(handle.fh)
-        await a_fs.release(handle.fh)
-        await a_fs.wait_idle()
+        await _close(a, handle)
         for core in (a, b):
             await core.fs.refresh_dir(ROOT_INO, force=True)
             assert await core.names() == ["d2"]
@@ -214,10 +224,7 @@ async def test_a_removed_directory_whose_name_and_restored_name_are_both_taken_c
     config = Config(durability=durability, upload_hold=0.0)
     async with two_cores(tmp_path, store, config) as (a, b):
         a_fs, b_fs = a.fs, b.fs
-        d1 = (await a_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
-        handle, _ = await a_fs.create(d1, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
-        await a_fs.write(handle.fh, 0, DATA)
-        await a_fs.wait_idle()
+        handle = await _writing_in_new_dir(a, b"d1")
         d1_id = Entry.from_json(store.get(entry_key(ROOT_DIR_ID, b"d1"))[0]).id
         assert d1_id is not None
         await _remove_tree(b, "d1")
@@ -225,9 +232,7 @@ async def test_a_removed_directory_whose_name_and_restored_name_are_both_taken_c
         await b_fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)
         await b.save(ROOT_INO, taken.encode(), b"B's own file")
         await b_fs.wait_idle()
-        await a_fs.flush(handle.fh)
-        await a_fs.release(handle.fh)
-        await a_fs.wait_idle()
+        await _close(a, handle)
         for core in (a, b):
             await core.fs.refresh_dir(ROOT_INO, force=True)
             assert await core.names() == ["d1", taken, f"{taken}-2"]
