@@ -47,7 +47,7 @@ from .listed_dirs import ListedDirIds
 from .refresh import Refresh
 from .rename import Rename
 from .seal import Seal
-from .state import Config, CoreState, Handle
+from .state import CompletenessCheck, Config, CoreState, Handle
 from .status import Status
 from .write import WritePath
 
@@ -102,7 +102,7 @@ class Filesystem:
                  cache: ChunkCache, config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None] = lambda ino: None,
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None = None,
-                 check_complete: Callable[..., str | None] | None = None) -> None:
+                 check_complete: CompletenessCheck | None = None) -> None:
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
         # Async mode: background uploads give way to a writer that is writing.
