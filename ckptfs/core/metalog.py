@@ -56,7 +56,8 @@ class MetaLogApply:
             # An rmdir: undone in the store if another node wrote into it meanwhile (the
             # next listing here shows it again).
             try:
-                await self.removals.remove_dir(self._logged_key(record), record.get("ident"))
+                await self.removals.remove_dir(self._logged_key(record), record.get("ident"),
+                                               journaled=True)
             except FsError as exc:
                 if exc.errno != errno.ENOENT:
                     raise

@@ -275,17 +275,26 @@ class DirRemovals:
 
     # ------------------------------------------------------------------ rmdir
 
-    async def remove_dir(self, key: str, ident: str | None) -> bool:
+    async def remove_dir(self, key: str, ident: str | None, journaled: bool = False) -> bool:
         """rmdir's store step: claim the entry under ``key`` if it still holds the
         directory ``ident`` names (as a rename claims its source: a rename meanwhile
         finds the claim and answers ENOENT), mark the directory removed, delete the
         entry, then look below it once more: a name another node wrote there meanwhile
         brings it back.  False when it came back (a name arrived); ENOENT when another
-        node's rename or rmdir holds it."""
+        node's rename or rmdir holds it.
+
+        ``journaled``: an rmdir already answered (async mode's metadata log).  One that
+        finds an *rmdir's* live claim on the entry waits for that rmdir to end or its
+        claim to expire, then goes on: the claim may be this node's own, left by a
+        daemon killed between its claim and its delete, and the replayed record must
+        still remove the directory (soak seed 1215043: it was dropped, and the
+        directory came back)."""
         if not ident:
             return True
         marked: tuple[str, str] | None = None      # the mark this call wrote, its ETag
-        for _ in range(ATTEMPTS):
+        attempts, waited = 0, False
+        while attempts < ATTEMPTS:
+            attempts += 1
             try:
                 body, etag = await self.entries._store(self.st.store.get, key)
             except NotFound:
@@ -299,6 +308,10 @@ class DirRemovals:
                 await self._unmark(marked)
                 return True
             if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+                if journaled and entry.moving_to == removed_key(entry.id):
+                    await self._until_claim_may_end(key, entry, said=waited)
+                    waited, attempts = True, attempts - 1
+                    continue
                 # Another node is renaming (or removing) it: that comes first.  Deleting
                 # a rename's claimed entry and putting it back would leave its id under
                 # two names.
@@ -321,6 +334,16 @@ class DirRemovals:
                 continue            # our claim outlived its TTL and was taken
             return await self._look_below(key, entry, marked[1])
         raise FsError(errno.EIO, f"{key} keeps changing; not removed")
+
+    async def _until_claim_may_end(self, key: str, entry: Entry, said: bool) -> None:
+        """A pause while an rmdir's claim on ``key`` is live: at most a second, so an
+        rmdir that ends is seen soon, and no longer than until the claim expires."""
+        left = entry.moving_at + self.st.config.rename_claim_ttl - time.time()
+        if not said:
+            log.info("%s is claimed by an rmdir (another node's, or this node's own from "
+                     "before a restart): this journaled rmdir waits up to %.0f s for it",
+                     key, max(left, 0.0))
+        await trio.sleep(min(1.0, max(left, 0.0) + 0.05))
 
     async def _look_below(self, key: str, entry: Entry, mark_etag: str) -> bool:
         """After the delete: a name found below brings the directory back (its own

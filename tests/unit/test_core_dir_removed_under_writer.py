@@ -240,3 +240,44 @@ async def test_a_removed_directory_whose_name_and_restored_name_are_both_taken_c
             assert await core.load(await core.resolve(taken)) == b"B's own file"
             assert await core.names(await core.resolve("d1")) == []
         assert not list(store.list(REMOVED_PREFIX))
+
+
+@pytest.mark.parametrize("killed", ["before", "after"])
+async def test_an_async_rmdir_killed_after_its_claim_is_finished_after_the_restart(
+        tmp_path: Path, killed: str):
+    """Async (soak seed 1215043): B's rmdir of d1 answered at once; its metadata-log
+    record claimed d1's entry and the daemon was SIGKILLed before the delete (``killed``:
+    before or after its removal mark's PUT).  The
+    restarted daemon replays the record, finds the claim live (its own, from before the
+    kill), took it for another node's rename ("its rename comes first") and dropped the
+    record: d1 came back on B, and stayed in the store.  A journaled rmdir must finish:
+    the replay waits for the claim to end or expire, then removes d1."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability="async", upload_hold=0.0, store_timeout=1.0,
+                    rename_claim_ttl=1.0)
+    d1_key = entry_key(ROOT_DIR_ID, b"d1")
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)
+        await a.fs.wait_idle()
+        d1_id = Entry.from_json(store.get(d1_key)[0]).id
+        assert d1_id is not None
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        gate = store.gate("put", prefix=removed_key(d1_id), when=killed)
+        await b.fs.rmdir(ROOT_INO, b"d1")                 # answered: journaled
+        dead: list = []
+        await crash_image([gate], tmp_path / "b", tmp_path / "killed", then=lambda: dead.extend(
+            store.fail(op, TransientStoreError("the daemon is dead"), times=1000)
+            for op in ("put", "delete", "put_if_absent")))
+    for hook in dead:
+        hook.remove()
+    assert Entry.from_json(store.get(d1_key)[0]).moving_to == removed_key(d1_id)
+    async with open_core(tmp_path / "killed", store, config) as b_fs:
+        b = Core(b_fs, store)
+        assert await b.names() == [], "B shows its own rmdir after the restart"
+        with trio.fail_after(30):
+            await b_fs.wait_idle()
+        await b_fs.refresh_dir(ROOT_INO, force=True)
+        assert await b.names() == []
+    assert not list(store.list(d1_key)), "the journaled rmdir reached the store"
+    async with open_core(tmp_path / "c", store, config) as c_fs:
+        assert await Core(c_fs, store).names() == []
