@@ -29,6 +29,7 @@ from ..errors import MountError
 from ..core import Config, Filesystem
 from ..fuse.datapath import DataPath, has_cap_sys_admin
 from ..fuse.ops import FuseOps
+from ..fuse import late_replies
 from ..data.liveness import DEFAULT_SETTLE
 from ..data.spares import SpareFiles
 from ..meta.namespace import ROOT_INO, Namespace
@@ -519,6 +520,7 @@ class Daemon:
                 options |= {"fsname=ckptfs", "subtype=ckptfs"}
                 if self.allow_other:
                     options.add("allow_other")
+                late_replies.install()
                 try:
                     pyfuse3.init(ops, str(opts.mountpoint), options)
                 except RuntimeError as exc:
