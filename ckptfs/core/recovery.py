@@ -80,25 +80,27 @@ class Recovery:
         is dropped from this node's metadata, with what is below it, once nothing there
         is owed to the store.  Nothing in the store changes: a listing of its new place
         takes it again.  Before, such a directory stayed in the metadata for good."""
+        pending = set(self.st.ns.publish_pending())
         for inode in list(self.st.ns.all_inodes()):
             if inode.type == "dir" and not inode.parent and inode.ino != ROOT_INO and \
-                    not self._owes(inode):
+                    not self._owes(inode, pending):
                 log.info("directory %s (inode %d), kept under no name for this node's "
                          "work in it, is done with: dropped from this node's metadata",
                          inode.dir_id, inode.ino)
                 self._drop_tree(inode)
 
-    def _owes(self, inode: Inode) -> bool:
+    def _owes(self, inode: Inode, pending: set[int]) -> bool:
         """Whether anything at or below ``inode`` still has work this node owes the
         store (a closed version to publish, a metadata record pending), or has a name
-        elsewhere (a hard link)."""
+        elsewhere (a hard link).  ``pending``: the inodes with a publish pending, read
+        once by the caller."""
         if inode.type == "dir":
             if self.st.oplog.is_busy(inode.ino):
                 return True
-            return any(self._owes(self.st.ns.get(child))
+            return any(self._owes(self.st.ns.get(child), pending)
                        for _, child in self.st.ns.children(inode.ino))
         return inode.dirty or inode.ino in self.st.queue.queued or \
-            inode.ino in self.st.ns.publish_pending() or bool(inode.aliases)
+            inode.ino in pending or bool(inode.aliases)
 
     def _drop_tree(self, inode: Inode) -> None:
         for name, child in self.st.ns.children(inode.ino):
