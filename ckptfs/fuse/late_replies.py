@@ -7,6 +7,10 @@ ended what was pending).  For the requests that end a use (release, releasedir, 
 fsync, fsyncdir) the daemon had done the work before replying, and nothing waits for
 the answer: the line says so at INFO.  Any other request's failed reply stays an ERROR
 (an open or create whose answer was lost leaves a handle the kernel never learned of).
+That happens only when the connection is ending: once a request has reached the daemon,
+the kernel waits for its answer even if the caller is killed (``request_wait_answer``,
+fs/fuse/dev.c), so a lost answer means an aborted connection or an unmount, and the
+daemon's shutdown (recovery at the next mount) deals with what is still open.
 Knows nothing of ckptfs beyond the FUSE request names.
 """
 
