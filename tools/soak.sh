@@ -61,8 +61,11 @@ while :; do
     CKPTFS_MODEL_STORES=$stores CKPTFS_MODEL_DURABILITY=$durabilities \
     CKPTFS_MODEL_SHRINK=${SHRINK:-1} CKPTFS_MODEL_REPORT=$report \
         "$python" -m pytest tests/integration/test_model.py -q -p no:cacheprovider \
-        >"$log" 2>&1
+        --basetemp "$soak_dir/tmp-run-$runs" >"$log" 2>&1
     status=$?
+    # A failed run keeps its temp dir: the first failing example's daemon logs are in
+    # its first-failure/ (test_model.py); a passed run's goes.
+    if (( status == 0 )); then rm -rf "$soak_dir/tmp-run-$runs"; fi
     if [ "$(wc -l < "$report")" -eq "$lines_before" ]; then
         echo "soak: run $runs (seed $seed) ran no model test (exit $status); log $log:" >&2
         tail -20 "$log" >&2
@@ -74,6 +77,8 @@ while :; do
         echo "soak: run $runs (seed $seed) FAILED: ${failed:-exit $status}; log $log"
         grep -E 'ModelFailure: |Flaky|Error: ' "$log" | sort -u | head -3 \
             | sed 's/^/    /'
+        find "$soak_dir/tmp-run-$runs" -maxdepth 3 -name first-failure -type d \
+            | sed 's/^/    daemon logs of the first failure: /'
     else
         echo "soak: run $runs (seed $seed) passed ($(tail -1 "$log"))"
     fi

@@ -316,7 +316,34 @@ class ModelMachine(RuleBasedStateMachine):
     def fail(self, text: str) -> None:
         steps = "\n".join(f"  {n + 1}. {s}" for n, s in enumerate(self.history))
         raise ModelFailure(f"{text}\nsteps so far:\n{steps}\n{self.log_excerpt()}"
+                           f"{self.keep_first_failure(text, steps)}"
                            f"(state dirs and logs under {self.dir} when CKPTFS_MODEL_KEEP=1)")
+
+    def _logs(self) -> list[Path]:
+        """Every daemon log of this example: in each state dir (a tmpfs of its own, which
+        a walk of the example's directory does not enter) or kept beside it."""
+        found = []
+        for mount in self.started:
+            for log in (mount.state_dir / "ckptfs.log",
+                        mount.state_dir.with_name(mount.state_dir.name + ".log") / "ckptfs.log"):
+                if log.is_file() and log not in found:
+                    found.append(log)
+        return found
+
+    def keep_first_failure(self, text: str, steps: str) -> str:
+        """The first failing example's daemon logs, whole, beside the examples
+        (``first-failure/``): hypothesis goes on to shrink, replays seldom fail the same
+        way, and the example's own directory goes (seed 1215064: "wait said done", its
+        logs gone)."""
+        keep = self.dir.parent / "first-failure"
+        try:
+            keep.mkdir()
+        except FileExistsError:
+            return ""
+        (keep / "failure.txt").write_text(f"{text}\nsteps:\n{steps}\n")
+        for log in self._logs():
+            shutil.copyfile(log, keep / f"{log.parent.name.removesuffix('.log')}.log")
+        return f"(the first failure's daemon logs: {keep})\n"
 
     def log_excerpt(self, lines: int = 30) -> str:
         """Each daemon's last warnings, errors and rename lines: a failure a soak finds
@@ -324,7 +351,7 @@ class ModelMachine(RuleBasedStateMachine):
         (seed 1202002: "after rename f0 -> f2 on B, f0 is still there", no log kept)."""
         notable = re.compile(r" (WARNING|ERROR|CRITICAL) |rename|lost a race|claim")
         out = []
-        for log in daemon_logs(self.dir):
+        for log in self._logs():
             try:
                 text = log.read_text(errors="replace").splitlines()
             except OSError:
