@@ -209,7 +209,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.faults = StoreFaults(self.store, self.dir / "faults.json",
                                   [] if self.sync else ASYNC_FAULTS["rules"])
         self.fault: str | None = None         # the store's outage now
-        self.fault_saved: set[int] = set()    # nodes that closed a file during it
+        # node -> the files (ids) it closed during the outage
+        self.fault_saved: dict[int, set[int]] = {}
         self.candidates: list[Model] = []     # sync fault: the states failed steps allow
         # ... and what each node may answer from meanwhile (its own steps at once, the
         # other node's only once it reads them from the store, which is away)
@@ -587,8 +588,9 @@ class ModelMachine(RuleBasedStateMachine):
         else:
             self.model.write(path, content)
         self.closed_version(content, label)
-        if self.fault is not None:
-            self.fault_saved.add(m)
+        fid = self.model.fid_at(path)
+        if self.fault is not None and fid is not None:
+            self.fault_saved.setdefault(m, set()).add(fid)
         self.check(m)
 
     @staticmethod
@@ -768,7 +770,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.model.close_writer(fid)
         self.closed_version(content, f"v{writer.vid}")
         if self.fault is not None:
-            self.fault_saved.add(m)
+            self.fault_saved.setdefault(m, set()).add(fid)
         self.check(m)
 
     @precondition(lambda self: self.writers and "kill" not in SKIP)
@@ -883,7 +885,7 @@ class ModelMachine(RuleBasedStateMachine):
             self.safety(i, self.stable_observe(i), [self.model])
         self.note(f"store fault starts: {kind}")
         self.fault = kind
-        self.fault_saved = set()
+        self.fault_saved = {}
         self.candidates = [self.model]
         self.node_candidates = [[self.model], [self.model]]
         self.faults.start(kind)
@@ -898,7 +900,7 @@ class ModelMachine(RuleBasedStateMachine):
             return
         self.note(f"{'AB'[m]}: state dir full")
         self.fault, self.full_node = "full", m
-        self.fault_saved = set()
+        self.fault_saved = {}
         self.candidates = [self.model]
         self.node_candidates = [[self.model], [self.model]]
         fill_file_system(self.mounts[m].state_dir)
@@ -1018,8 +1020,9 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.fault is not None)
     @rule()
     def fault_end(self):
-        """The store answers again.  Async: a node that closed a file during the outage
-        must not say done before (``ckptfs wait`` non-zero, status names the outage);
+        """The store answers again.  Async: a node that closed a file during the outage,
+        still there, must not say done before (``ckptfs wait`` non-zero, status names the
+        outage);
         after it, everything reaches the store and every node converges.  Sync: every
         node converges to one of the states the failed steps allow."""
         kind, self.fault = self.fault, None
@@ -1030,8 +1033,12 @@ class ModelMachine(RuleBasedStateMachine):
             self.unsynced.add(m)
         else:
             if not self.sync:
-                for i in sorted(self.fault_saved & self.unsynced):
-                    self.pending_during_outage(i, kind)
+                for i in sorted(self.unsynced):
+                    # A file closed then removed during the outage leaves nothing to
+                    # publish (seed 1215070: save f1, unlink f1, and `wait` was right).
+                    if any(self.model.path_of(fid) is not None
+                           for fid in self.fault_saved.get(i, ())):
+                        self.pending_during_outage(i, kind)
             self.note(f"store fault ends ({kind})")
             self.faults.end()
         candidates, self.candidates = self.candidates, []
