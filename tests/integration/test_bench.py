@@ -76,3 +76,23 @@ def test_bench_table_has_passthrough_and_daemon_cpu(s3_store, tmp_path):
     # The bench leaves no mount behind, and no scratch file of its memory priming.
     assert not any(os.path.ismount(p) for p in work.glob("mnt-*"))
     assert not (work / ".prime").exists()
+
+
+def test_bench_of_small_trees_only_and_of_nothing(s3_store, tmp_path):
+    """``--big-files 0 --small-files 0``: no checkpoint, only the small trees (this
+    divided by the empty workload's size); all three 0: one line, exit non-zero."""
+    store = ("--store", s3_store.url, "--endpoint-url", s3_store.seaweed.endpoint_url)
+    proc = run_ckptfs("bench", *store, "--rounds", "1", "--big-files", "0", "--small-files",
+                      "0", "--ranks", "0", "--quick", "--small-tree", "10",
+                      "--work-dir", str(tmp_path / "bench"),
+                      "--systems", "local", "ckptfs-async", env=s3_store.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    columns, rows = table_rows(proc.stdout)
+    assert columns == ["local", "ckptfs-async"]
+    assert set(rows) == {"small_cp_a", "small_tar_x"}
+    assert all(float(cell) > 0 for cells in rows.values() for cell in cells)
+    proc = run_ckptfs("bench", *store, "--big-files", "0", "--small-files", "0",
+                      "--small-tree", "0", env=s3_store.env, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == ("ckptfs: bench: nothing to measure: --big-files, "
+                                   "--small-files and --small-tree are all 0")
