@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from ckptfs.procstat import Opener, died_unclean, exit_state
@@ -13,6 +14,22 @@ from ckptfs.data.upload import ChunkTracker
 def test_live_process_is_not_exiting():
     assert exit_state(os.getpid()) == (False, 0)
     assert not died_unclean(Opener.from_tid(os.getpid()))
+
+
+def test_an_opener_is_known_by_its_thread_group_from_any_of_its_threads():
+    """The main thread is its own group (found by ``pidfd_open``); another thread's
+    group is its process (from its status); a task that is gone has none of its own."""
+    assert Opener.from_tid(os.getpid()) == Opener(os.getpid(), os.getpid())
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(
+        (threading.get_native_id(), Opener.from_tid(threading.get_native_id()))))
+    worker.start()
+    worker.join()
+    tid, opener = seen[0]
+    assert tid != os.getpid() and opener == Opener(tid, os.getpid())
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert Opener.from_tid(proc.pid) == Opener(proc.pid, proc.pid)
 
 
 def test_gone_process_counts_as_clean_close():
