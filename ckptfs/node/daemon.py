@@ -30,6 +30,7 @@ from ..core import Config, Filesystem
 from ..fuse.datapath import DataPath, has_cap_sys_admin
 from ..fuse.ops import FuseOps
 from ..fuse import late_replies
+from ..fuse.invalidations import InodeInvalidations
 from ..data.liveness import DEFAULT_SETTLE
 from ..data.spares import SpareFiles
 from ..meta.namespace import ROOT_INO, Namespace
@@ -503,11 +504,12 @@ class Daemon:
         staging, spares = self._open_staging()
         cache = self._open_cache(store)
         control_path = control_socket_path(opts.state_dir)
+        invalidations = InodeInvalidations(pyfuse3.invalidate_inode)
         try:
             async with trio.open_nursery() as nursery:
                 fs = self.fs = Filesystem(
                     ns, store, staging, cache, self.config, nursery,
-                    invalidate=lambda ino: nursery.start_soon(self._invalidate, ino),
+                    invalidate=invalidations,
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
                 self.peers, peer_listeners = await bind_peers(
@@ -526,6 +528,7 @@ class Daemon:
                 except RuntimeError as exc:
                     raise MountError(explain_mount_failure(opts.mountpoint, str(exc))) \
                         from None
+                invalidations.start()
                 self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
                                               self.config.stale_staged_after)
                 try:
@@ -544,6 +547,7 @@ class Daemon:
                     await pyfuse3.main()
                 finally:
                     self._terminated = True
+                    invalidations.close()
                     pyfuse3.close(unmount=True)
                 await self._after_unmount(fs, store)
                 nursery.cancel_scope.cancel()
@@ -648,14 +652,6 @@ class Daemon:
             return
         try:
             await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent, name)
-        except (FileNotFoundError, OSError):
-            pass
-
-    async def _invalidate(self, ino: int) -> None:
-        if self._terminated:
-            return
-        try:
-            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
         except (FileNotFoundError, OSError):
             pass
 
