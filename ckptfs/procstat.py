@@ -34,17 +34,23 @@ def _read_proc(path: str) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return _read_all(fd, 1 << 13)
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int, piece: int) -> bytes | None:
+    """From ``fd``'s offset to its end, or None if a read fails."""
     parts: list[bytes] = []
     try:
         while True:
-            part = os.read(fd, 1 << 13)
+            part = os.read(fd, piece)
             if not part:
                 return b"".join(parts)
             parts.append(part)
     except OSError:
         return None
-    finally:
-        os.close(fd)
 
 
 def _tgid_of(tid: int) -> int | None:
@@ -227,16 +233,11 @@ class MountTables:
 
     def _read(self, fd: int) -> bytes | None:
         self.reads += 1
-        parts: list[bytes] = []
         try:
             os.lseek(fd, 0, os.SEEK_SET)
-            while True:
-                part = os.read(fd, 1 << 16)
-                if not part:
-                    return b"".join(parts)
-                parts.append(part)
         except OSError:
             return None
+        return _read_all(fd, 1 << 16)
 
     def _drop(self, key: tuple[int, int]) -> None:
         os.close(self._tables.pop(key).fd)

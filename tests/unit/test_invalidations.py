@@ -48,13 +48,19 @@ def test_asked_before_start_sent_after_in_order_on_a_thread_of_its_own():
     inval.close()
 
 
-def test_an_inode_waiting_is_queued_once_and_again_once_taken():
-    kernel = Kernel()
+def started_with_inode_1_held(kernel: Kernel) -> InodeInvalidations:
+    """Sending, with inode 1 taken by the thread and held in the "kernel"."""
     inval = InodeInvalidations(kernel.invalidate)
     inval.start()
     kernel.gate.clear()
-    inval(1)                        # taken by the thread, held in the "kernel"
+    inval(1)
     until(lambda: not inval._waiting)
+    return inval
+
+
+def test_an_inode_waiting_is_queued_once_and_again_once_taken():
+    kernel = Kernel()
+    inval = started_with_inode_1_held(kernel)
     inval(1)                        # asked again after it was taken: sent again
     inval(2)
     inval(1)                        # still waiting: not queued twice
@@ -68,11 +74,7 @@ def test_an_inode_waiting_is_queued_once_and_again_once_taken():
 
 def test_nothing_is_sent_after_close():
     kernel = Kernel()
-    inval = InodeInvalidations(kernel.invalidate)
-    inval.start()
-    kernel.gate.clear()
-    inval(1)
-    until(lambda: not inval._waiting)
+    inval = started_with_inode_1_held(kernel)
     inval(2)                        # queued behind the held call
     closer = threading.Thread(target=inval.close)
     closer.start()
