@@ -528,10 +528,10 @@ class Daemon:
                 except RuntimeError as exc:
                     raise MountError(explain_mount_failure(opts.mountpoint, str(exc))) \
                         from None
-                invalidations.start()
-                self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
-                                              self.config.stale_staged_after)
                 try:
+                    invalidations.start()
+                    self.stale = StaleStagedWatch(ns, fs.is_writing, opts.mountpoint,
+                                                  self.config.stale_staged_after)
                     await nursery.start(spares.run)
                     await nursery.start(fs.run)
                     await fs.start()
