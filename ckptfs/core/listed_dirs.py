@@ -13,6 +13,8 @@ from .state import CoreState, dir_id_of
 
 log = logging.getLogger(__name__)
 
+_LATER = "later"    # ``_held_elsewhere``: not taken from this listing
+
 
 class ListedDirIds:
     """Checks a listing's directory entries against the ids this node holds, and moves
@@ -55,27 +57,9 @@ class ListedDirIds:
                 holder_inode = self.st.ns.maybe_get(holder) if holder is not None else None
                 if holder_inode is not None and holder != local.get(name) and \
                         (holder_inode.parent or self.st.ns.has_children(holder_inode.ino)):
-                    if holder_inode.parent == dir_inode.ino and holder_inode.name in remote:
-                        # Both names listed: an alias, unless the other one is the
-                        # claimed source of a rename to this name (decision 0006), or
-                        # the other name now holds another object (the directory was
-                        # renamed here and its old name made again by another node).
-                        other = fetched.get(holder_inode.name)
-                        reused = other is not None and (other[0].type != "dir" or
-                                                        other[0].id != entry.id)
-                        if not reused and (other is None or other[0].moving_to !=
-                                           entry_key(dir_id_of(dir_inode), name)):
-                            reason = f"has the same directory id as {holder_inode.name!r}"
-                    elif self._movable(holder_inode):
-                        # Moved here by another node: the inode moves with its name,
-                        # so what this node holds in it (a file still open, names
-                        # not yet in the store) is under the new name at once.
-                        self._move_here(holder_inode, dir_inode, name, local)
-                    else:
-                        # A rename of this node is under way there: the next
-                        # listing, once it is done, moves the directory.
-                        if holder_inode.parent == dir_inode.ino:
-                            local.pop(holder_inode.name, None)
+                    reason = self._held_elsewhere(holder_inode, dir_inode, name, fetched,
+                                                  remote, local)
+                    if reason == _LATER:
                         del fetched[name]
                         continue
             if reason is not None:
@@ -83,6 +67,38 @@ class ListedDirIds:
                           dir_prefix(dir_id_of(dir_inode)), reason)
                 corrupt.add(name)
                 del fetched[name]
+
+    @no_await
+    def _held_elsewhere(self, holder: Inode, dir_inode: Inode, name: bytes, fetched: dict,
+                        remote: dict, local: dict) -> str | None:
+        """A listed directory id this node holds under another name: why the entry is
+        corrupt, ``_LATER`` (the next listing takes it), or None (moved here, or fine)."""
+        entry, _ = fetched[name]
+        if holder.parent == dir_inode.ino and holder.name in remote:
+            # Both names listed: an alias, unless the other one is the claimed source
+            # of a rename to this name (decision 0006), or the other name now holds
+            # another object (the directory was renamed here and its old name made
+            # again by another node).
+            other = fetched.get(holder.name)
+            reused = other is not None and (other[0].type != "dir" or
+                                            other[0].id != entry.id)
+            if not reused:
+                if other is None or other[0].moving_to != \
+                        entry_key(dir_id_of(dir_inode), name):
+                    return f"has the same directory id as {holder.name!r}"
+                return None
+        if not self._movable(holder):
+            # A rename of this node is under way there: the next listing, once it
+            # is done, moves the directory.
+            if holder.parent == dir_inode.ino and holder.name not in remote:
+                local.pop(holder.name, None)
+            return _LATER
+        # Moved here by another node (its old name perhaps made again): the inode moves
+        # with its name now, before the old name's new directory replaces it, so what
+        # this node holds in it (a file still open, names not yet in the store) is
+        # under the new name at once.
+        self._move_here(holder, dir_inode, name, local)
+        return None
 
     @no_await
     def _movable(self, holder: Inode) -> bool:

@@ -195,3 +195,43 @@ async def test_a_moved_directory_kept_for_a_publish_still_owed_stays_through_a_m
             assert await b.load(await b.resolve("p/d1/f")) == DATA
         await _listed(a, "p/d1")
         assert await a.load(await a.resolve("p/d1/f")) == DATA
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("old,new", [("d0", "d1"), ("d1", "d0")])
+async def test_a_file_held_open_follows_its_directory_when_its_old_name_is_made_again(
+        tmp_path: Path, durability: str, old: str, new: str):
+    """Another node renames the directory and makes a new one under the old name: one
+    listing shows both names, the old one with another directory id.  B's inode of the
+    directory moves to the new name with B's open file in it; the old name is the new,
+    empty directory (model test, two nodes: mkdir d1, B opens d1/f0, A renames d1 to d0
+    and makes d1 again -- B showed d0 empty until its close)."""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.fs.mkdir(ROOT_INO, old.encode(), 0o755, 0, 0)
+        await a.fs.wait_idle()
+        await _listed(b, old)
+        held_dir = await b.resolve(old)
+        handle, opened = await b.fs.create(held_dir, b"f0", 0o644, WRITE_NEW, 0, 0, b.me())
+        await b.fs.write(handle.fh, 0, DATA)
+        await _listed(a, old)
+        await a.fs.rename(ROOT_INO, old.encode(), ROOT_INO, new.encode(), 0)
+        await a.fs.mkdir(ROOT_INO, old.encode(), 0o755, 0, 0)
+        await a.fs.wait_idle()
+
+        await _listed(b, new)
+        assert await b.resolve(new) == held_dir, "B's directory inode moved to the new name"
+        assert await b.resolve(f"{new}/f0") == opened.ino
+        assert await b.load(opened.ino) == DATA
+        await _listed(b, old)
+        assert await b.names(await b.resolve(old)) == []
+
+        await b.fs.flush(handle.fh)
+        await b.fs.release(handle.fh)
+        await b.fs.wait_idle()
+        for core in (a, b):
+            await _listed(core, new)
+            await _listed(core, old)
+            assert await core.load(await core.resolve(f"{new}/f0")) == DATA
+            assert await core.names(await core.resolve(old)) == []
