@@ -33,6 +33,7 @@ from ..store import ObjectStore, StoreError
 from ..store.health import StoreHealth
 from .attributes import Attributes
 from .entries import EntryIO
+from .fsync import Fsync
 from .held import HeldEntries
 from .moves import EntryMoves
 from .metalog import MetaLogApply
@@ -124,7 +125,7 @@ class Filesystem:
         self.entries = EntryIO(st, landed=lambda key: self.removals.landed(key))  # 0028
         self.removals = DirRemovals(st, self.entries)
         self.held = HeldEntries(st, self.entries)
-        self.reads = ReadPath(st)
+        self.reads, self.fsyncs = ReadPath(st), Fsync(st)
         self.refresher = Refresh(st, entries=self.entries, dir_ids=ListedDirIds(st),
                                  delete_inode=lambda inode: self.publisher._delete_inode(inode))
         self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
@@ -284,7 +285,7 @@ class Filesystem:
         return await self.publisher.flush(fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        return await self.publisher.fsync(fh, datasync)
+        return await self.fsyncs.fsync(fh, datasync)
 
     async def release(self, fh: int) -> None:
         return await self.publisher.release(fh)

@@ -1,4 +1,4 @@
-"""The close decision and publishing: flush (which close publishes), fsync, release,
+"""The close decision and publishing: flush (which close publishes), release,
 abandoning a working version, uploading a closed version and writing its entry."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -35,26 +34,8 @@ log = logging.getLogger(__name__)
 INLINE_CHECK_MAX = 64 << 10
 
 
-async def side_by_side(*steps: Callable[[], Awaitable[None]]) -> None:
-    """Run ``steps`` at once; once all have ended, raise the first one's failure (itself,
-    not an exception group: the errno boundary maps it)."""
-    failures: list[Exception] = []
-
-    async def run(step: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await step()
-        except Exception as exc:  # raised below, once every step ended
-            failures.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        for step in steps:
-            nursery.start_soon(run, step)
-    if failures:
-        raise failures[0]
-
-
 class Publish:
-    """The close decision, fsync, release and publishing.  Owns the names to drop from the
+    """The close decision, release and publishing.  Owns the names to drop from the
     kernel (``_stale_entries``)."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
@@ -124,13 +105,31 @@ class Publish:
         if rt.passthrough:      # the kernel wrote it: the staging file has its mtime
             inode.mtime_ns = max(inode.mtime_ns, os.fstat(
                 self.st.staging.fd(inode.ino, session.ver)).st_mtime_ns)
+        if self.st.config.durability == "async":
+            self._close_async(inode, rt, session, size)
+        else:
+            await self._close_sync(inode, rt, session, size)
+
+    def _close_async(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
+        """One LMDB commit for the close: the closed version and its pending publish go
+        in together or not at all (issue 25: a commit per close was its cost)."""
+        try:
+            with self.st.ns.batch():
+                self._commit(inode, rt, session, size)
+                self.seals._hold_pointer(inode)
+                self._journal_publish(inode)
+        except FsError as exc:
+            log.error("%s not published: its close could not be recorded (%s)",
+                      self.st._path_for_log(inode), exc)
+            raise
+        self.seals._seals_after_close(inode, wait=False)
+        self.st._sync_journal_soon()
+
+    async def _close_sync(self, inode: Inode, rt: Runtime, session: Session,
+                          size: int) -> None:
+        """The close returns once the version is in the store."""
         self._commit(inode, rt, session, size)
         self.seals._hold_pointer(inode)
-        if self.st.config.durability == "async":
-            self._journal_publish(inode)
-            self.seals._seals_after_close(inode, wait=False)
-            self.st._sync_journal_soon()
-            return
         await self.publish_now(inode.ino)
         await self.seals._seals_after_close(inode, wait=True)
         if inode.ino in self.st._held_pointers:
@@ -170,19 +169,29 @@ class Publish:
 
     @no_await
     def _commit(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
-        """The working version becomes the closed version (no await: one step)."""
-        old = inode.ver if (inode.dirty or inode.local_copy) else None
-        rt.trackers.pop(inode.ver, None)
+        """The working version becomes the closed version (no await: one step).  The
+        session ends, and the previous version's staging file goes, only once the
+        inode is committed: inside a ``batch`` whose commit fails, the file stays as it
+        was and the session goes on (its release keeps the bytes aside)."""
+        prev = inode.ver
+        old = prev if (inode.dirty or inode.local_copy) else None
         inode.ver = session.ver
         inode.dirty = True
         inode.local_copy = True
         inode.size = size
+        self.st.ns.save(inode)
+        self.st.ns.after_commit(lambda: self._committed(inode, rt, session, prev, old))
+
+    def _committed(self, inode: Inode, rt: Runtime, session: Session, prev: int,
+                   old: int | None) -> None:
+        """``prev``: the version the inode named before; ``old``: that version if it
+        is staged on this node."""
+        rt.trackers.pop(prev, None)
         self.st.cache.untrack_local(inode.ino)
         rt.session = None
         session.tracker.closed = True   # chunks read from now on are the closed bytes
         rt.trackers[session.ver] = session.tracker
-        self.st.ns.save(inode)
-        if old is not None and old != inode.ver:
+        if old is not None and old != session.ver:
             self.st._drop_version_if_unused(inode.ino, old)
         self.st.invalidate(inode.ino)
 
@@ -202,60 +211,19 @@ class Publish:
             inode.size = inode.published_size
         self.st.ns.save(inode)
 
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        """Durability of the bytes written so far, never a publish: the name changes at
-        the close (sync: the chunks are in the store; async: staged on local disk)."""
-        handle = self.st._handle(fh)
-        if not handle.writable:
-            return
-        session = handle.session
-        rt = self.st._rt(handle.ino)
-        if session is None or rt.session is not session:
-            return
-        if session.failed:
-            raise FsError(session.failed, "an earlier write failed")
-        if self.st.config.durability != "sync":
-            with self.st.upload_gate.busy():   # uploads wait for the writer (decision 0015)
-                # The staging file and the journal reach the disk side by side.
-                await side_by_side(lambda: self._fsync_staged(handle.ino, session.ver),
-                                   self.st._sync_journal)
-            return
-        # Sync mode: the staging file reaches the disk while the chunks reach the store
-        # (both must be done before fsync returns; neither waits for the other).
-        size = self.st.staging.size(handle.ino, session.ver)
-
-        async def to_disk() -> None:
-            await self._fsync_staged(handle.ino, session.ver)
-            await self.st._sync_journal()
-
-        async def to_store() -> None:
-            try:
-                await chunk_list(self.st.uploader, session.tracker,
-                                 self.st.staging.path(handle.ino, session.ver), size,
-                                 self.st.config.chunk_size)
-            except StoreError as exc:
-                raise FsError(errno.EIO, f"upload failed: {exc}") from None
-
-        self.st._ref(rt, session.ver)
-        try:
-            await side_by_side(to_disk, to_store)
-        finally:
-            self.st._unref(handle.ino, rt, session.ver)
-
-    async def _fsync_staged(self, ino: int, ver: int) -> None:
-        """fsync a staging version in a worker thread, through a descriptor of its own
-        (the shared one may be evicted and its number reused meanwhile)."""
-        with self.st.staging.owned_fd(ino, ver) as fd:
-            await trio.to_thread.run_sync(os.fsync, fd)
-
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino in self.st._held_pointers:
             return   # published when the checkpoints it names are sealed
-        if inode.ino not in self.st.queue.queued:
-            epoch = self.st._publish_epoch[inode.ino] = self.st.oplog.epoch()
-            self.st.ns.publish_pending_add(inode.ino, epoch)
-        self.st.queue.submit(inode.ino)
-        self.writes.closed(inode.size)
+        ino, size = inode.ino, inode.size
+        if ino not in self.st.queue.queued:
+            epoch = self.st.oplog.epoch()
+            self.st.ns.publish_pending_add(ino, epoch)
+            self.st._publish_epoch[ino] = epoch
+
+        def submit() -> None:     # once the pending publish is committed
+            self.st.queue.submit(ino)
+            self.writes.closed(size)
+        self.st.ns.after_commit(submit)
 
     def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
         """Keep a working version out of sight: move its staging file aside (for

@@ -157,7 +157,7 @@ def test_an_fsync_with_nothing_committed_since_the_last_one_runs_none(tmp_path):
 def test_an_async_fsync_syncs_the_staging_file_and_the_journal_side_by_side():
     """Neither fsync waits for the other (they were one after the other); both end
     before it returns, and a failure is raised as itself (an errno), not as a group."""
-    from ckptfs.core.publish import side_by_side
+    from ckptfs.core.fsync import side_by_side
     from ckptfs.errors import FsError
 
     async def main() -> None:
