@@ -45,9 +45,9 @@ class InodeInvalidations:
 
     def start(self) -> None:
         """Begin sending (the FUSE session is up); what was asked before goes first."""
-        self._thread = threading.Thread(target=self._run, name="ckptfs-invalidate",
-                                        daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="ckptfs-invalidate", daemon=True)
+        thread.start()
+        self._thread = thread       # only a started thread is joined at close
 
     def _run(self) -> None:
         while True:
