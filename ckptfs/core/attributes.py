@@ -165,8 +165,19 @@ class Attributes:
         session.wrote = True
         if session.handles:
             return  # a writer joined meanwhile: its close publishes
-        self.publisher._commit(inode, rt, session, size)
-        if self.st.config.durability == "async":
-            self.publisher._journal_publish(inode)
-        else:
+        try:
+            with self.st.ns.batch():     # the new version and its pending publish, or nothing
+                self.publisher._commit(inode, rt, session, size)
+                if self.st.config.durability == "async":
+                    self.publisher._journal_publish(inode)
+        except FsError:
+            # Nothing took effect; no handle holds the session, so it ends here (its
+            # version is the closed bytes resized: nothing a writer wrote), and the
+            # size is the closed version's again.  The inode is read as committed: the
+            # object in hand names the version that failed.
+            if rt.session is session and not session.handles:
+                self.publisher._end_session_unchanged(self.st.ns.get(inode.ino), rt,
+                                                      session)
+            raise
+        if self.st.config.durability != "async":
             await self.publisher.publish_now(inode.ino)

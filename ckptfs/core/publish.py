@@ -113,29 +113,36 @@ class Publish:
     def _close_async(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
         """One LMDB commit for the close: the closed version and its pending publish go
         in together or not at all (issue 25: a commit per close was its cost)."""
-        try:
-            with self.st.ns.batch():
-                self._commit(inode, rt, session, size)
-                self.seals._hold_pointer(inode)
-                self._journal_publish(inode)
-        except FsError as exc:
-            log.error("%s not published: its close could not be recorded (%s)",
-                      self.st._path_for_log(inode), exc)
-            raise
+        self._commit_closed(inode, rt, session, size, journal=True)
         self.seals._seals_after_close(inode, wait=False)
         self.st._sync_journal_soon()
 
     async def _close_sync(self, inode: Inode, rt: Runtime, session: Session,
                           size: int) -> None:
         """The close returns once the version is in the store."""
-        self._commit(inode, rt, session, size)
-        self.seals._hold_pointer(inode)
+        self._commit_closed(inode, rt, session, size, journal=False)
         await self.publish_now(inode.ino)
         await self.seals._seals_after_close(inode, wait=True)
         if inode.ino in self.st._held_pointers:
             self.seals._release_pointers()
             if inode.ino not in self.st._held_pointers:
                 await self.publish_now(inode.ino)   # its checkpoint sealed at once
+
+    def _commit_closed(self, inode: Inode, rt: Runtime, session: Session, size: int, *,
+                       journal: bool) -> None:
+        """The closed version, the hold of a pointer file and (``journal``) its pending
+        publish, in one LMDB transaction.  When it fails nothing took effect: the
+        session goes on, and its release keeps the bytes aside."""
+        try:
+            with self.st.ns.batch():
+                self._commit(inode, rt, session, size)
+                self.seals._hold_pointer(inode)
+                if journal:
+                    self._journal_publish(inode)
+        except FsError as exc:
+            log.error("%s not published: its close could not be recorded (%s)",
+                      self.st._path_for_log(inode), exc)
+            raise
 
     async def drop_stale_entries(self) -> None:
         """Tell the kernel to forget names this node removed by itself (a killed

@@ -42,8 +42,18 @@ class Seal:
 
     def _hold_pointer(self, inode: Inode) -> None:
         targets = {t for t in self._seal_targets(inode) if t != inode.parent}
-        if targets:
-            self.st._held_pointers[inode.ino] = targets
+        if not targets:
+            return
+        ino, before = inode.ino, self.st._held_pointers.get(inode.ino)
+
+        def undo() -> None:     # the write failed: memory says what the disk says
+            if before is None:
+                self.st._held_pointers.pop(ino, None)
+            else:
+                self.st._held_pointers[ino] = before
+        with self.st.ns.batch():
+            self.st.ns.on_rollback(undo)
+            self.st._held_pointers[ino] = targets
             self._persist_held_pointers()
 
     def _release_pointers(self) -> None:

@@ -27,6 +27,7 @@ class Transactions:
     def _init_transactions(self) -> None:
         self._txn: lmdb.Transaction | None = None     # the open ``batch``, if any
         self._after_commit: list[Callable[[], None]] = []
+        self._on_rollback: list[Callable[[], None]] = []
 
     @contextmanager
     def _write(self) -> Iterator[lmdb.Transaction]:
@@ -37,12 +38,14 @@ class Transactions:
     @contextmanager
     def batch(self) -> Iterator[lmdb.Transaction]:
         """Every write inside is one transaction: all or nothing.  When it fails,
-        ``_rolled_back`` is told (to drop in-memory copies of what it wrote) and the
-        ``after_commit`` calls made inside are not run."""
+        ``_rolled_back`` is told (to drop in-memory copies of what it wrote), the
+        ``on_rollback`` calls made inside run (latest first) and the ``after_commit``
+        calls are not run."""
         if self._txn is not None:
             yield self._txn
             return
         self._after_commit.clear()
+        self._on_rollback.clear()
         try:
             with self.env.begin(write=True) as txn:
                 self._txn = txn
@@ -53,12 +56,16 @@ class Transactions:
         except BaseException as exc:
             self._after_commit.clear()
             self._rolled_back()
+            undo, self._on_rollback = self._on_rollback, []
+            for call in reversed(undo):
+                call()
             if isinstance(exc, lmdb.MapFullError):
                 raise FsError(errno.ENOSPC, f"{self.path}: the LMDB map is full") from None
             if isinstance(exc, lmdb.Error) and out_of_space(exc, free_bytes(self.path)):
                 raise FsError(errno.ENOSPC, f"{self.path}: {exc}") from None
             raise
         self._committed()
+        self._on_rollback.clear()
         calls, self._after_commit = self._after_commit, []
         for call in calls:
             call()
@@ -74,6 +81,13 @@ class Transactions:
             call()
         else:
             self._after_commit.append(call)
+
+    def on_rollback(self, call: Callable[[], None]) -> None:
+        """Run ``call`` if the open ``batch`` fails: it undoes an in-memory change made
+        beside the batch's writes.  Call it inside a ``batch``; outside one it does
+        nothing (a lone write that fails raises before the caller goes on)."""
+        if self._txn is not None:
+            self._on_rollback.append(call)
 
     def _rolled_back(self) -> None:
         """A write transaction failed: nothing it wrote is on disk."""

@@ -151,3 +151,135 @@ def test_a_close_whose_commit_fails_keeps_the_closed_version_and_the_new_bytes(t
         assert fs.ns.get(ino).size == len(b"first version")
 
     trio.run(with_fs, tmp_path, "async", body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_truncate_whose_commit_fails_changes_nothing_and_the_next_one_lands(
+        tmp_path, durability):
+    """A truncate of a file nobody has open is a new closed version of its own.  When
+    its commit fails, the truncate is ENOSPC and its working version ends with it: the
+    next truncate is a change of its own again, committed and published (review of
+    stop 36: it was left in the first one's working version, never closed, never
+    published, while it answered success)."""
+    import lmdb
+
+    async def body(fs: Filesystem, store: LocalStore) -> None:
+        me = Opener.from_tid(os.getpid())
+        handle, _ = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
+                                    me)
+        await fs.write(handle.fh, 0, b"first version")
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        await fs.wait_idle()
+        ino = fs.ns.lookup(ROOT_INO, b"f")
+        assert ino is not None
+        first_ver = fs.ns.get(ino).ver
+        real = fs.ns.save
+
+        def fails_for_a_new_version(*inodes) -> None:
+            with fs.ns.batch():
+                real(*inodes)
+                if any(i.ino == ino and i.ver != first_ver for i in inodes):
+                    raise lmdb.MapFullError("injected: the map is full")
+
+        fs.ns.save = fails_for_a_new_version  # type: ignore[method-assign]
+        with pytest.raises(FsError) as info:
+            await fs.setattr(ino, size=5)
+        fs.ns.save = real  # type: ignore[method-assign]
+        assert info.value.errno == errno.ENOSPC, info.value
+        assert fs.ns.get(ino).size == len(b"first version")
+
+        await fs.setattr(ino, size=3)
+        await fs.wait_idle()
+        inode = fs.ns.get(ino)
+        assert inode.ver != first_ver and inode.size == 3 and not inode.dirty, inode
+        reader = await fs.open(ino, os.O_RDONLY, me)
+        assert await fs.read(reader.fh, 0, 100) == b"fir"
+        await fs.release(reader.fh)
+        assert fs.ns.publish_pending() == {}
+
+    trio.run(with_fs, tmp_path, durability, body)
+
+
+def test_a_pointer_whose_close_fails_does_not_hold_its_next_version_back(tmp_path):
+    """A checkpoint pointer (DeepSpeed's ``latest``) naming a staged directory is held
+    until that directory is sealed.  When the close that would hold it fails, nothing
+    is held: the pointer's next version, naming nothing staged, publishes at once
+    (review of stop 36: the hold stayed in memory, and the next version was never
+    queued or journaled)."""
+    import lmdb
+
+    async def body(fs: Filesystem, store: LocalStore) -> None:
+        me = Opener.from_tid(os.getpid())
+
+        async def save(name: bytes, data: bytes) -> None:
+            ino = fs.ns.lookup(ROOT_INO, name)
+            if ino is None:
+                handle, _ = await fs.create(ROOT_INO, name, 0o644,
+                                            os.O_WRONLY | os.O_CREAT, 0, 0, me)
+            else:
+                handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC, me)
+            await fs.write(handle.fh, 0, data)
+            try:
+                await fs.flush(handle.fh)
+            finally:
+                await fs.release(handle.fh)
+
+        await save(b"latest", b"nothing")
+        await fs.wait_idle()
+        await fs.mkdir(ROOT_INO, b"global_step1", 0o755, 0, 0)
+        real = fs.ns.meta_put
+
+        def fails(key: str, value: str) -> None:
+            with fs.ns.batch():
+                real(key, value)
+                raise lmdb.MapFullError("injected: the map is full")
+
+        fs.ns.meta_put = fails  # type: ignore[method-assign]
+        with pytest.raises(FsError) as info:
+            await save(b"latest", b"global_step1")
+        fs.ns.meta_put = real  # type: ignore[method-assign]
+        assert info.value.errno == errno.ENOSPC, info.value
+
+        await save(b"latest", b"global_step9")    # names nothing staged here
+        with trio.fail_after(20):
+            await fs.wait_idle()
+        ino = fs.ns.lookup(ROOT_INO, b"latest")
+        assert ino is not None and not fs.ns.get(ino).dirty
+        assert fs.ns.publish_pending() == {}
+
+    trio.run(with_fs, tmp_path, "async", body)
+
+
+def test_a_failed_batch_runs_its_undo_calls_and_a_committed_one_its_after_calls(tmp_path):
+    """``Transactions.on_rollback`` and ``after_commit``: a batch that fails undoes the
+    in-memory changes made beside it (latest first) and runs none of its after-commit
+    work; a batch that commits runs its after-commit work and none of its undo calls;
+    outside a batch, after-commit work runs at once and an undo call is not kept."""
+    import lmdb
+    from ckptfs.meta.namespace import Namespace
+    ns = Namespace(tmp_path / "meta")
+    seen: list[str] = []
+    with pytest.raises(FsError):
+        with ns.batch():
+            ns.meta_put("k", "1")
+            ns.on_rollback(lambda: seen.append("undo first"))
+            ns.after_commit(lambda: seen.append("after"))
+            with ns.batch():                          # nested: the same transaction
+                ns.on_rollback(lambda: seen.append("undo second"))
+            raise lmdb.MapFullError("injected")
+    assert seen == ["undo second", "undo first"]
+    assert ns.meta_get("k") is None
+    seen.clear()
+    with ns.batch():
+        ns.meta_put("k", "2")
+        ns.on_rollback(lambda: seen.append("undo"))
+        ns.after_commit(lambda: seen.append("after"))
+    assert seen == ["after"] and ns.meta_get("k") == "2"
+    seen.clear()
+    ns.on_rollback(lambda: seen.append("undo"))
+    ns.after_commit(lambda: seen.append("after at once"))
+    with ns.batch():
+        ns.meta_put("k", "3")
+    assert seen == ["after at once"]
+    ns.close()
