@@ -283,3 +283,44 @@ def test_a_failed_batch_runs_its_undo_calls_and_a_committed_one_its_after_calls(
         ns.meta_put("k", "3")
     assert seen == ["after at once"]
     ns.close()
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_create_whose_commit_fails_leaves_no_name_and_no_staging_file(
+        tmp_path, durability):
+    """A create is one LMDB commit (inode, name) around its staging file.  When the
+    commit fails, the create is ENOSPC and leaves nothing: no name, no staging file;
+    the next create (which may get the same inode number) works."""
+    import lmdb
+
+    async def body(fs: Filesystem, store: LocalStore) -> None:
+        me = Opener.from_tid(os.getpid())
+        staged_before = set(fs.staging.versions())
+        real = fs.ns.attach
+
+        def fails(*args, **kwargs) -> None:
+            with fs.ns.batch():
+                real(*args, **kwargs)
+                raise lmdb.MapFullError("injected: the map is full")
+
+        fs.ns.attach = fails  # type: ignore[method-assign]
+        with pytest.raises(FsError) as info:
+            await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me)
+        fs.ns.attach = real  # type: ignore[method-assign]
+        assert info.value.errno == errno.ENOSPC, info.value
+        assert fs.ns.lookup(ROOT_INO, b"f") is None
+        assert set(fs.staging.versions()) == staged_before
+        assert len(fs.handles) == 0
+
+        handle, _ = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
+                                    me)
+        await fs.write(handle.fh, 0, b"after")
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        await fs.wait_idle()
+        ino = fs.ns.lookup(ROOT_INO, b"f")
+        reader = await fs.open(ino, os.O_RDONLY, me)
+        assert await fs.read(reader.fh, 0, 100) == b"after"
+        await fs.release(reader.fh)
+
+    trio.run(with_fs, tmp_path, durability, body)
