@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable, Iterator
 
+import lmdb
 import pytest
 import trio
 
@@ -29,6 +31,40 @@ async def with_fs(tmp_path, durability: str, body) -> None:
 
 def store_names(store: LocalStore) -> set[str]:
     return {obj.key.rsplit("/", 1)[-1] for obj in store.list("") if "/d" in obj.key}
+
+
+async def closed_file(fs: Filesystem, name: bytes, data: bytes) -> int:
+    """A new file of ``data``, closed and published; its inode."""
+    handle, _ = await fs.create(ROOT_INO, name, 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
+                                Opener.from_tid(os.getpid()))
+    await fs.write(handle.fh, 0, data)
+    await fs.flush(handle.fh)
+    await fs.release(handle.fh)
+    await fs.wait_idle()
+    ino = fs.ns.lookup(ROOT_INO, name)
+    assert ino is not None
+    return ino
+
+
+@contextlib.contextmanager
+def commit_fails(ns, method: str,
+                 when: Callable[..., bool] = lambda *args: True) -> Iterator[None]:
+    """``ns.<method>`` writes, then its transaction fails as on a full LMDB map (when
+    ``when(*args)``): inside a caller's ``batch``, that whole batch fails."""
+    real = getattr(ns, method)
+
+    def fails(*args, **kwargs):
+        with ns.batch():
+            result = real(*args, **kwargs)
+            if when(*args):
+                raise lmdb.MapFullError("injected: the map is full")
+        return result
+
+    setattr(ns, method, fails)
+    try:
+        yield
+    finally:
+        delattr(ns, method)
 
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
@@ -96,7 +132,6 @@ def test_an_lmdb_io_error_on_a_nearly_full_disk_is_out_of_space():
     """LMDB reports a short write (a nearly full disk) as EIO, not ENOSPC: the model
     test's full tmpfs state dir made ``mkdir`` answer EIO and leave its store entry
     behind (seed 101).  EIO with room left stays an I/O error."""
-    import lmdb
     from ckptfs.meta.lmdbtxn import NEARLY_FULL, out_of_space
     eio = lmdb.Error("mdb_txn_commit: Input/output error")
     assert out_of_space(eio, free=4096)
@@ -112,32 +147,13 @@ def test_a_close_whose_commit_fails_keeps_the_closed_version_and_the_new_bytes(t
     pending publish).  When that commit fails, the close is ENOSPC and nothing of it
     took effect: the file still reads as its last closed version, whose staging file
     is still there, and the new bytes are kept aside for ``ckptfs gc``, not deleted."""
-    import lmdb
-
     async def body(fs: Filesystem, store: LocalStore) -> None:
         me = Opener.from_tid(os.getpid())
-        handle, _ = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
-                                    me)
-        await fs.write(handle.fh, 0, b"first version")
-        await fs.flush(handle.fh)
-        await fs.release(handle.fh)
-        await fs.wait_idle()
-        ino = fs.ns.lookup(ROOT_INO, b"f")
-        assert ino is not None
-
-        real = fs.ns.publish_pending_add
-
-        def fails_at_commit(ino: int, epoch: int = 0) -> None:
-            with fs.ns.batch():     # the write goes in, and its transaction fails
-                real(ino, epoch)
-                raise lmdb.MapFullError("injected: the map is full")
-
+        ino = await closed_file(fs, b"f", b"first version")
         handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC, me)
         await fs.write(handle.fh, 0, b"second version")
-        fs.ns.publish_pending_add = fails_at_commit  # type: ignore[method-assign]
-        with pytest.raises(FsError) as info:
+        with commit_fails(fs.ns, "publish_pending_add"), pytest.raises(FsError) as info:
             await fs.flush(handle.fh)
-        fs.ns.publish_pending_add = real  # type: ignore[method-assign]
         assert info.value.errno == errno.ENOSPC, info.value
         await fs.release(handle.fh)
 
@@ -161,31 +177,14 @@ def test_a_truncate_whose_commit_fails_changes_nothing_and_the_next_one_lands(
     next truncate is a change of its own again, committed and published (review of
     stop 36: it was left in the first one's working version, never closed, never
     published, while it answered success)."""
-    import lmdb
-
     async def body(fs: Filesystem, store: LocalStore) -> None:
         me = Opener.from_tid(os.getpid())
-        handle, _ = await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0,
-                                    me)
-        await fs.write(handle.fh, 0, b"first version")
-        await fs.flush(handle.fh)
-        await fs.release(handle.fh)
-        await fs.wait_idle()
-        ino = fs.ns.lookup(ROOT_INO, b"f")
-        assert ino is not None
+        ino = await closed_file(fs, b"f", b"first version")
         first_ver = fs.ns.get(ino).ver
-        real = fs.ns.save
-
-        def fails_for_a_new_version(*inodes) -> None:
-            with fs.ns.batch():
-                real(*inodes)
-                if any(i.ino == ino and i.ver != first_ver for i in inodes):
-                    raise lmdb.MapFullError("injected: the map is full")
-
-        fs.ns.save = fails_for_a_new_version  # type: ignore[method-assign]
-        with pytest.raises(FsError) as info:
+        new_version = lambda *inodes: any(i.ino == ino and i.ver != first_ver  # noqa: E731
+                                          for i in inodes)
+        with commit_fails(fs.ns, "save", new_version), pytest.raises(FsError) as info:
             await fs.setattr(ino, size=5)
-        fs.ns.save = real  # type: ignore[method-assign]
         assert info.value.errno == errno.ENOSPC, info.value
         assert fs.ns.get(ino).size == len(b"first version")
 
@@ -207,8 +206,6 @@ def test_a_pointer_whose_close_fails_does_not_hold_its_next_version_back(tmp_pat
     is held: the pointer's next version, naming nothing staged, publishes at once
     (review of stop 36: the hold stayed in memory, and the next version was never
     queued or journaled)."""
-    import lmdb
-
     async def body(fs: Filesystem, store: LocalStore) -> None:
         me = Opener.from_tid(os.getpid())
 
@@ -228,17 +225,8 @@ def test_a_pointer_whose_close_fails_does_not_hold_its_next_version_back(tmp_pat
         await save(b"latest", b"nothing")
         await fs.wait_idle()
         await fs.mkdir(ROOT_INO, b"global_step1", 0o755, 0, 0)
-        real = fs.ns.meta_put
-
-        def fails(key: str, value: str) -> None:
-            with fs.ns.batch():
-                real(key, value)
-                raise lmdb.MapFullError("injected: the map is full")
-
-        fs.ns.meta_put = fails  # type: ignore[method-assign]
-        with pytest.raises(FsError) as info:
+        with commit_fails(fs.ns, "meta_put"), pytest.raises(FsError) as info:
             await save(b"latest", b"global_step1")
-        fs.ns.meta_put = real  # type: ignore[method-assign]
         assert info.value.errno == errno.ENOSPC, info.value
 
         await save(b"latest", b"global_step9")    # names nothing staged here
@@ -256,7 +244,6 @@ def test_a_failed_batch_runs_its_undo_calls_and_a_committed_one_its_after_calls(
     in-memory changes made beside it (latest first) and runs none of its after-commit
     work; a batch that commits runs its after-commit work and none of its undo calls;
     outside a batch, after-commit work runs at once and an undo call is not kept."""
-    import lmdb
     from ckptfs.meta.namespace import Namespace
     ns = Namespace(tmp_path / "meta")
     seen: list[str] = []
@@ -291,22 +278,11 @@ def test_a_create_whose_commit_fails_leaves_no_name_and_no_staging_file(
     """A create is one LMDB commit (inode, name) around its staging file.  When the
     commit fails, the create is ENOSPC and leaves nothing: no name, no staging file;
     the next create (which may get the same inode number) works."""
-    import lmdb
-
     async def body(fs: Filesystem, store: LocalStore) -> None:
         me = Opener.from_tid(os.getpid())
         staged_before = set(fs.staging.versions())
-        real = fs.ns.attach
-
-        def fails(*args, **kwargs) -> None:
-            with fs.ns.batch():
-                real(*args, **kwargs)
-                raise lmdb.MapFullError("injected: the map is full")
-
-        fs.ns.attach = fails  # type: ignore[method-assign]
-        with pytest.raises(FsError) as info:
+        with commit_fails(fs.ns, "attach"), pytest.raises(FsError) as info:
             await fs.create(ROOT_INO, b"f", 0o644, os.O_WRONLY | os.O_CREAT, 0, 0, me)
-        fs.ns.attach = real  # type: ignore[method-assign]
         assert info.value.errno == errno.ENOSPC, info.value
         assert fs.ns.lookup(ROOT_INO, b"f") is None
         assert set(fs.staging.versions()) == staged_before
