@@ -249,10 +249,8 @@ class Publish:
         else:
             self.st.staging.remove(inode.ino, session.ver)
             log.warning("%s left unpublished because %s", self.st._path_for_log(inode), why)
-        for fh in session.handles:
-            handle = self.st.handles.get(fh)
-            if handle is not None:
-                handle.wrote = False
+        for handle in filter(None, map(self.st.handles.get, session.handles)):
+            handle.wrote = False
         if inode.published or inode.dirty:
             self._restore_size(inode)
         elif inode.parent:
@@ -262,8 +260,17 @@ class Publish:
             self.held.show_again(inode)     # a name it held shows that entry again
             inode.held = []
             if inode.parent:
-                self.st.ns.unlink(inode, all_names=True)
+                self._drop_names(inode)
         self.st.invalidate(inode.ino)
+
+    def _drop_names(self, inode: Inode) -> None:
+        """A never-closed file's names go with it, if need be with the reserve's room
+        (an error the log names: what is left is an empty file, nothing is lost)."""
+        try:
+            self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
+        except FsError as exc:
+            log.error("%s stays as an empty file that was never closed: %s",
+                      self.st._path_for_log(inode), exc.reason)
 
     async def publish_now(self, ino: int) -> None:
         """Upload a closed version's chunks and write its entry; on failure, queue a

@@ -133,6 +133,9 @@ class Status:
                 "cache_bytes": self.st.cache.total, "corrupt_chunks": self.st.cache.corrupt_events,
                 "rotten_cache_chunks": self.st.cache.rotten,
                 "fetches_in_flight": self.st.cache.fetches_in_flight,
+                # The room kept on the state dir's disk for removals (meta/reserve.py).
+                "state_dir_reserve": self.st.ns.reserve.describe()
+                if self.st.ns.reserve is not None else "none",
                 "open_handles": len(self.st.handles), "write_requests": self.writes.write_requests,
                 "read_requests": self.reads.read_requests,
                 "bytes_read_from_fetch_buffers": self.st.cache.served_from_memory}

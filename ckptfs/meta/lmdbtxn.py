@@ -1,7 +1,8 @@
 """All-or-nothing LMDB writes for the node-local state: nested writes share one
 transaction (``batch``), work promised for after the commit (``after_commit``) runs only
 once the transaction is committed, and a write the state dir cannot hold (its disk
-full, or the LMDB map full) is ``FsError(ENOSPC)`` with nothing changed.  Knows nothing
+full, or the LMDB map full) is ``FsError(ENOSPC)`` with nothing changed; a removal that
+must land even then gives up the state dir's reserve (``with_room``).  Knows nothing
 of inodes, of the namespace's tables, of files or of the store.
 """
 
@@ -12,10 +13,14 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
 from ..errors import FsError
+from .reserve import RoomReserve
+
+T = TypeVar("T")
 
 
 class Transactions:
@@ -24,10 +29,27 @@ class Transactions:
     env: lmdb.Environment
     path: Path
 
-    def _init_transactions(self) -> None:
+    def _init_transactions(self, reserve: RoomReserve | None = None) -> None:
         self._txn: lmdb.Transaction | None = None     # the open ``batch``, if any
         self._after_commit: list[Callable[[], None]] = []
         self._on_rollback: list[Callable[[], None]] = []
+        self.reserve = reserve
+        # The reserve is not held: try to take it again after each commit.
+        self._reserve_out = reserve is not None and not reserve.arm()
+
+    def with_room(self, write: Callable[[], T]) -> T:
+        """``write()`` -- a removal that must land on a full disk: when it fails for
+        want of space, the reserve is given up and it is tried once more.  Outside a
+        batch only (a batch's other writes would take the room)."""
+        assert self._txn is None, "with_room inside a batch"
+        try:
+            return write()
+        except FsError as exc:
+            if exc.errno != errno.ENOSPC or self.reserve is None or \
+                    not self.reserve.give_up():
+                raise
+        self._reserve_out = True
+        return write()
 
     @contextmanager
     def _write(self) -> Iterator[lmdb.Transaction]:
@@ -66,6 +88,8 @@ class Transactions:
             raise
         self._committed()
         self._on_rollback.clear()
+        if self._reserve_out and self.reserve is not None and self.reserve.arm():
+            self._reserve_out = False
         calls, self._after_commit = self._after_commit, []
         for call in calls:
             call()

@@ -16,16 +16,17 @@ import logging
 import stat
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import lmdb
 
 from ..errors import FsError
 from .lmdbtxn import Transactions
+from .reserve import RoomReserve
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +147,18 @@ def _take_next(txn: lmdb.Transaction, db: lmdb._Database, counter: bytes) -> int
     return value
 
 
+T = TypeVar("T")
+
+
 class _NamespaceParts(Protocol):
-    """What ``TwoStepNames`` uses of the ``Namespace`` it is part of (its self-type)."""
+    """What the parts (``TwoStepNames``, ``JournalTables``) use of the ``Namespace``
+    they are part of (their self-type)."""
 
     path: Path
+    env: lmdb.Environment
     db_meta: lmdb._Database
+    db_journal: lmdb._Database
+    db_publish: lmdb._Database
     db_dentries: lmdb._Database
     db_dir_ids: lmdb._Database
     db_link_ids: lmdb._Database
@@ -161,6 +169,7 @@ class _NamespaceParts(Protocol):
     def _index(self, inode: Inode) -> None: ...
     def _count(self, parent: int, inode: Inode, delta: int) -> None: ...
     def delete_inode(self, ino: int) -> None: ...
+    def with_room(self, write: Callable[[], T]) -> T: ...
 
 
 class TwoStepNames:
@@ -203,17 +212,69 @@ class TwoStepNames:
         behind on a full disk has no name and is never seen)."""
         inode.parent, inode.name = 0, b""
         try:
-            self.delete_inode(inode.ino)
+            self.with_room(lambda: self.delete_inode(inode.ino))
         except FsError as exc:
             log.warning("reserved inode %d stays in %s, unnamed: %s", inode.ino, self.path,
                         exc.reason)
 
 
-class Namespace(TwoStepNames, Transactions):
+class JournalTables:
+    """Part of ``Namespace``: the ordered journal of metadata records (oplog.py) and the
+    closed, unpublished files (the publish queue), each written in the caller's batch."""
+
+    # ------------------------------------------------------------------ journal
+
+    def journal_add(self: _NamespaceParts, record: dict) -> int:
+        with self._write() as txn:
+            seq = _take_next(txn, self.db_meta, b"next_journal")
+            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
+        return seq
+
+    def journal_put(self: _NamespaceParts, seq: int, record: dict) -> None:
+        """Replace a pending record (same place in the order)."""
+        with self.env.begin(write=True) as txn:
+            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
+
+    def journal_done(self: _NamespaceParts, seq: int) -> None:
+        with self._write() as txn:
+            txn.delete(_k(seq), db=self.db_journal)
+
+    def journal(self: _NamespaceParts) -> list[tuple[int, dict]]:
+        with self.env.begin() as txn:
+            return [(_U64.unpack(k)[0], json.loads(v))
+                    for k, v in txn.cursor(db=self.db_journal)]
+
+    # ------------------------------------------------------------------ pending publishes
+    # Keyed by inode (not in the ordered journal): adding or finishing one is O(1) however
+    # many files a checkpoint has.
+
+    def publish_pending_add(self: _NamespaceParts, ino: int, epoch: int = 0) -> None:
+        """``epoch``: the metadata log record the publish must follow (oplog.py)."""
+        with self._write() as txn:
+            txn.put(_k(ino), str(epoch).encode(), db=self.db_publish)
+
+    def publish_pending_done(self: _NamespaceParts, ino: int) -> None:
+        with self._write() as txn:
+            txn.delete(_k(ino), db=self.db_publish)
+
+    def publish_pending(self: _NamespaceParts) -> dict[int, int]:
+        """Inode -> epoch of every closed, unpublished file."""
+        out = {}
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(db=self.db_publish):
+                try:
+                    out[_U64.unpack(k)[0]] = int(bytes(v))
+                except ValueError:
+                    out[_U64.unpack(k)[0]] = 0
+        return out
+
+
+class Namespace(TwoStepNames, JournalTables, Transactions):
     """Inodes and dentries of one mount, persisted in ``state_dir/meta.lmdb``."""
 
     def __init__(self, path: Path, map_size: int = 4 << 30,
-                 root_owner: tuple[int, int] = (0, 0)) -> None:   # of a new root dir
+                 root_owner: tuple[int, int] = (0, 0),      # of a new root dir
+                 reserve: RoomReserve | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         # sync=False: a daemon crash loses nothing (the map lives in the page cache);
         # callers call ``sync()`` where a power cut must not lose a journal record.
@@ -234,7 +295,7 @@ class Namespace(TwoStepNames, Transactions):
         self._subdirs: dict[int, int] = {}
         self.path = path
         self._written: set[int] = set()     # inodes the open write transaction wrote
-        self._init_transactions()
+        self._init_transactions(reserve)
         with self._write() as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
                 now = time.time_ns()
@@ -459,6 +520,16 @@ class Namespace(TwoStepNames, Transactions):
             cur = txn.cursor(db=self.db_dentries)
             return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
 
+    def _restore_on_rollback(self, inode: Inode) -> None:
+        """The caller's ``inode`` gets back the names it has now if the open write
+        fails: callers hold it, and a removal tried again (``with_room``) or a later
+        step must see the names that are still on disk."""
+        names = (inode.parent, inode.name, list(inode.aliases), inode.ctime_ns)
+
+        def restore() -> None:
+            inode.parent, inode.name, inode.aliases, inode.ctime_ns = names
+        self.on_rollback(restore)
+
     def unlink(self, inode: Inode, parent: int | None = None, name: bytes | None = None,
                all_names: bool = False) -> None:
         """Remove one dentry of ``inode`` (by default its first name; every name with
@@ -467,6 +538,7 @@ class Namespace(TwoStepNames, Transactions):
             parent, name = inode.parent, inode.name
         assert name is not None
         with self._write() as txn:
+            self._restore_on_rollback(inode)
             gone = inode.names if all_names else [(parent, name)]
             for p, n in gone:
                 if txn.get(_k(p) + n, db=self.db_dentries) == _k(inode.ino):
@@ -490,6 +562,7 @@ class Namespace(TwoStepNames, Transactions):
         the name ``old`` (default: its first name)."""
         old = old or (inode.parent, inode.name)
         with self._write() as txn:
+            self._restore_on_rollback(inode)
             replaced = txn.get(_k(new_parent) + new_name, db=self.db_dentries)
             if replaced is not None and replaced != _k(inode.ino):
                 self._subdirs.pop(new_parent, None)
@@ -533,52 +606,6 @@ class Namespace(TwoStepNames, Transactions):
             parts.append(inode.name)
             ino = inode.parent
         return b"/" + b"/".join(reversed(parts))
-
-    # ------------------------------------------------------------------ journal
-
-    def journal_add(self, record: dict) -> int:
-        with self._write() as txn:
-            seq = _take_next(txn, self.db_meta, b"next_journal")
-            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
-        return seq
-
-    def journal_put(self, seq: int, record: dict) -> None:
-        """Replace a pending record (same place in the order)."""
-        with self.env.begin(write=True) as txn:
-            txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
-
-    def journal_done(self, seq: int) -> None:
-        with self._write() as txn:
-            txn.delete(_k(seq), db=self.db_journal)
-
-    def journal(self) -> list[tuple[int, dict]]:
-        with self.env.begin() as txn:
-            return [(_U64.unpack(k)[0], json.loads(v))
-                    for k, v in txn.cursor(db=self.db_journal)]
-
-    # ------------------------------------------------------------------ pending publishes
-    # Keyed by inode (not in the ordered journal): adding or finishing one is O(1) however
-    # many files a checkpoint has.
-
-    def publish_pending_add(self, ino: int, epoch: int = 0) -> None:
-        """``epoch``: the metadata log record the publish must follow (oplog.py)."""
-        with self._write() as txn:
-            txn.put(_k(ino), str(epoch).encode(), db=self.db_publish)
-
-    def publish_pending_done(self, ino: int) -> None:
-        with self._write() as txn:
-            txn.delete(_k(ino), db=self.db_publish)
-
-    def publish_pending(self) -> dict[int, int]:
-        """Inode -> epoch of every closed, unpublished file."""
-        out = {}
-        with self.env.begin() as txn:
-            for k, v in txn.cursor(db=self.db_publish):
-                try:
-                    out[_U64.unpack(k)[0]] = int(bytes(v))
-                except ValueError:
-                    out[_U64.unpack(k)[0]] = 0
-        return out
 
     # ------------------------------------------------------------------ chunks known to be in the store
 

@@ -23,6 +23,7 @@ from ckptfs.core import Config, Filesystem
 from ckptfs.data.cache import ChunkCache
 from ckptfs.data.staging import Staging
 from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.meta.reserve import RoomReserve
 from ckptfs.procstat import Opener
 from ckptfs.store.base import ObjectStore
 
@@ -68,14 +69,16 @@ async def two_cores(base: Path, store: ObjectStore, config: Config
 
 @asynccontextmanager
 async def open_core(base: Path, store: ObjectStore, config: Config | None = None,
-                    map_size: int | None = None, run: bool = True, **fs_kwargs: Any
+                    map_size: int | None = None, run: bool = True,
+                    reserve: RoomReserve | None = None, **fs_kwargs: Any
                     ) -> AsyncIterator[Filesystem]:
     """A started ``Filesystem`` with its own namespace, staging and cache under
     ``base``, over ``store``; its background tasks (publishing, the metadata log) run
     in a nursery of its own when ``run``; ``fs_kwargs`` go to the ``Filesystem``
-    constructor (e.g. ``check_complete``).  Closed on exit."""
-    ns = Namespace(base / "meta") if map_size is None else Namespace(base / "meta",
-                                                                      map_size=map_size)
+    constructor (e.g. ``check_complete``); ``reserve``: the state dir's room for removals
+on a full disk (none by default).  Closed on exit."""
+    ns = Namespace(base / "meta", reserve=reserve) if map_size is None else \
+        Namespace(base / "meta", map_size=map_size, reserve=reserve)
     staging = Staging(base / "staging", base / "abandoned")
     cache = ChunkCache(base / "cache", store, 1 << 30, trio.CapacityLimiter(4))
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 
 import lmdb
@@ -14,10 +15,12 @@ import trio
 
 from ckptfs.core import Config, Filesystem
 from ckptfs.errors import FsError
-from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.meta.namespace import ROOT_INO, Namespace
+from ckptfs.meta.reserve import RoomReserve
 from ckptfs.procstat import Opener
 from ckptfs.store import LocalStore
 from support.core import open_core
+from support.posix import fill_file_system
 
 
 async def with_fs(tmp_path, durability: str, body) -> None:
@@ -244,7 +247,6 @@ def test_a_failed_batch_runs_its_undo_calls_and_a_committed_one_its_after_calls(
     in-memory changes made beside it (latest first) and runs none of its after-commit
     work; a batch that commits runs its after-commit work and none of its undo calls;
     outside a batch, after-commit work runs at once and an undo call is not kept."""
-    from ckptfs.meta.namespace import Namespace
     ns = Namespace(tmp_path / "meta")
     seen: list[str] = []
     with pytest.raises(FsError):
@@ -299,3 +301,88 @@ def test_a_create_whose_commit_fails_leaves_no_name_and_no_staging_file(
         await fs.release(reader.fh)
 
     trio.run(with_fs, tmp_path, durability, body)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
+
+
+@contextlib.contextmanager
+def small_tmpfs(directory, mib: int) -> Iterator[None]:
+    """``directory`` is a tmpfs of ``mib`` MiB until the block ends."""
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(directory)],
+                   check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+@needs_root
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_new_file_whose_write_failed_on_a_full_disk_leaves_no_name(tmp_path, durability):
+    """Another program fills the state dir's disk while a new file is written: the write
+    and the close are ENOSPC, and the file that never had a closed version is gone --
+    although its removal is itself an LMDB commit on that full disk (soak seed 1215133
+    showed it left as an empty name).  The state dir's reserve is given up for it, the
+    log and ``status`` say so, and it is taken again once the disk has room."""
+    state = tmp_path / "state"
+
+    async def body() -> None:
+        with small_tmpfs(state, 16):
+            (tmp_path / "store").mkdir()
+            store = LocalStore(tmp_path / "store")
+            reserve = RoomReserve(state / "reserve")
+            async with open_core(state, store, Config(durability=durability),
+                                 reserve=reserve) as fs:
+                assert reserve.arm()
+                await closed_file(fs, b"kept", b"k" * 5000)
+                handle, _ = await fs.create(ROOT_INO, b"new", 0o644,
+                                            os.O_WRONLY | os.O_CREAT, 0, 0,
+                                            Opener.from_tid(os.getpid()))
+                fill_file_system(state)
+                with pytest.raises(FsError) as info:
+                    await fs.write(handle.fh, 0, b"x" * (1 << 20))
+                assert info.value.errno == errno.ENOSPC, info.value
+                # Whether LMDB finds free pages for the removal on a full disk depends
+                # on its free list: here it finds none while the reserve is held.
+                with commit_fails(fs.ns, "unlink", when=lambda *args: reserve.held()), \
+                        pytest.raises(FsError) as info:
+                    await fs.flush(handle.fh)
+                assert info.value.errno == errno.ENOSPC, info.value
+                await fs.release(handle.fh)
+
+                assert fs.ns.lookup(ROOT_INO, b"new") is None
+                assert b"new" not in [n for n, _ in await fs.listdir(ROOT_INO)]
+                assert fs.stats()["state_dir_reserve"] == "given up: the disk was full"
+
+                os.unlink(state / "filler")
+                handle, _ = await fs.create(ROOT_INO, b"after", 0o644,
+                                            os.O_WRONLY | os.O_CREAT, 0, 0,
+                                            Opener.from_tid(os.getpid()))
+                await fs.write(handle.fh, 0, b"after")
+                await fs.flush(handle.fh)
+                await fs.release(handle.fh)
+                await fs.wait_idle()
+                assert fs.stats()["state_dir_reserve"] == "held"
+                assert (state / "reserve").stat().st_size == reserve.size
+
+    trio.run(body)
+
+
+def test_a_removal_whose_commit_fails_leaves_the_callers_inode_named(tmp_path):
+    """The caller's inode object keeps its names when an unlink or a move fails to
+    commit: they are still on disk, and a removal tried again must find them."""
+    ns = Namespace(tmp_path / "meta")
+    root = ns.get(ROOT_INO)
+    inode = ns.reserve_inode("file", 0o644, 0, 0)
+    ns.attach(inode, root, b"f")
+    for method, call in (("unlink", lambda: ns.unlink(inode, all_names=True)),
+                         ("move", lambda: ns.move(inode, ROOT_INO, b"g"))):
+        with commit_fails(ns, method), pytest.raises(FsError):
+            call()
+        assert (inode.parent, inode.name) == (ROOT_INO, b"f"), method
+        assert ns.lookup(ROOT_INO, b"f") == inode.ino
+    ns.unlink(inode, all_names=True)
+    assert ns.lookup(ROOT_INO, b"f") is None and inode.parent == 0
+    ns.close()
