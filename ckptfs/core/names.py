@@ -277,21 +277,21 @@ class Names:
         parent_inode = self.st._dir(parent)
         self.st._touch_dir(parent)
         # A new name has no closed version until its writer's close: if the writer is
-        # killed, the name goes again.  Inode, staging file, then the name: a full
-        # state dir (ENOSPC) or no descriptor left (EMFILE) leaves nothing behind.
-        inode = self.st.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
+        # killed, the name goes again.  Inode, staging file, then the name, in one LMDB
+        # commit (issue 25): a full state dir (ENOSPC) or no descriptor left (EMFILE)
+        # leaves nothing behind.
+        made: int | None = None
         try:
-            self.st.staging.create_empty(inode.ino, 1)
-            try:
+            with self.st.ns.batch():
+                inode = self.st.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
+                self.st.staging.create_empty(inode.ino, 1)
+                made = inode.ino
                 self.st.ns.attach(inode, parent_inode, name)
-            except BaseException:
-                self.st.staging.remove(inode.ino, 1)
-                raise
-        except OSError as exc:
-            self.st.ns.forget_reserved(inode)
+        except OSError as exc:        # the staging file (the batch is rolled back)
             raise FsError(exc.errno or errno.EIO, f"staging file: {exc.strerror}") from None
         except BaseException:
-            self.st.ns.forget_reserved(inode)
+            if made is not None:      # the commit failed: its staging file goes too
+                self.st.staging.remove(made, 1)
             raise
         rt = self.st._rt(inode.ino)
         session = self.writes._start_session(inode, rt, 1)

@@ -277,8 +277,9 @@ def test_a_failed_batch_runs_its_undo_calls_and_a_committed_one_its_after_calls(
 @pytest.mark.parametrize("durability", ["sync", "async"])
 def test_a_create_whose_commit_fails_leaves_no_name_and_no_staging_file(
         tmp_path, durability):
-    """A create names its inode last (``attach``).  When that commit fails, the create
-    is ENOSPC and leaves nothing: no name, no staging file; the next create works."""
+    """A create is one LMDB commit (inode, name) around its staging file.  When the
+    commit fails, the create is ENOSPC and leaves nothing: no name, no staging file;
+    the next create (which may get the same inode number) works."""
     async def body(fs: Filesystem, store: LocalStore) -> None:
         me = Opener.from_tid(os.getpid())
         staged_before = set(fs.staging.versions())
