@@ -31,6 +31,7 @@ from ..meta.oplog import MetaLog
 from ..procstat import Opener
 from ..store import ObjectStore, StoreError
 from ..store.health import StoreHealth
+from .abandon import Abandon
 from .attributes import Attributes
 from .entries import EntryIO
 from .fsync import Fsync
@@ -106,10 +107,9 @@ class Filesystem:
                  check_complete: CompletenessCheck | None = None) -> None:
         # Entry PUTs go through the gc/dedup guard (decision 0003), whatever path makes them.
         liveness = ChunkLiveness(store, config.gc_settle, ns.known_chunks())
-        # Async mode: background uploads give way to a writer that is writing.
-        upload_gate = UploadGate(config.upload_hold)
-        # What background work knows of the store's health (decision 0016).
-        health = StoreHealth()
+        # Async mode: background uploads give way to a writer that is writing; what
+        # background work knows of the store's health (decision 0016).
+        upload_gate, health = UploadGate(config.upload_hold), StoreHealth()
         uploader = ChunkUploader(
             store, liveness, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
             slot=upload_gate.slot if config.durability == "async" else None,
@@ -130,8 +130,9 @@ class Filesystem:
                                  delete_inode=lambda inode: self.publisher._delete_inode(inode))
         self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
                           journal_publish=lambda inode: self.publisher._journal_publish(inode))
+        self.abandoning = abandoning = Abandon(st, self.held)
         self.publisher = Publish(st, entries=self.entries, seals=self.seals, writes=self.writes,
-                                 held=self.held)
+                                 abandoning=abandoning)
         self.attrs = Attributes(st, entries=self.entries, publisher=self.publisher,
                                 writes=self.writes)
         self.names = Names(st, entries=self.entries, removals=self.removals,
@@ -144,9 +145,9 @@ class Filesystem:
                               publisher=self.publisher, held=self.held, moves=self.moves)
         self.metalog = MetaLogApply(st, entries=self.entries, removals=self.removals,
                                     seals=self.seals, moves=self.moves)
-        self.recovery = Recovery(st, entries=self.entries, reads=self.reads,
-                                 publisher=self.publisher, seals=self.seals,
-                                 renames=self.renames, moves=self.moves)
+        self.recovery = Recovery(st, entries=self.entries, reads=self.reads, seals=self.seals,
+                                 publisher=self.publisher, renames=self.renames,
+                                 moves=self.moves, abandoning=self.abandoning)
         self.status = Status(st, names=self.names, writes=self.writes, reads=self.reads)
         # Async mode's metadata log (decision 0012), the publish queue, the leases.
         st.oplog = MetaLog(ns, on_done=lambda: st.queue.release_parked(), health=health)

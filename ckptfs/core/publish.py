@@ -1,5 +1,5 @@
 """The close decision and publishing: flush (which close publishes), release,
-abandoning a working version, uploading a closed version and writing its entry."""
+uploading a closed version and writing its entry (abandoning a version: abandon.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from .state import STAGING_FULL_MARGIN, CoreState, Handle, Runtime, Session
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .abandon import Abandon
     from .entries import EntryIO
-    from .held import HeldEntries
     from .seal import Seal
     from .write import WritePath
 
@@ -35,16 +35,16 @@ INLINE_CHECK_MAX = 64 << 10
 
 
 class Publish:
-    """The close decision, release and publishing.  Owns the names to drop from the
-    kernel (``_stale_entries``)."""
+    """The close decision, release and publishing; a version nobody closed for good
+    goes to ``abandoning``."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, seals: Seal,
-                 writes: WritePath, held: HeldEntries) -> None:
+                 writes: WritePath, abandoning: Abandon) -> None:
         self.st = st
-        self.entries, self.held = entries, held
+        self.entries = entries
         self.seals = seals
         self.writes = writes
-        self._stale_entries: list[tuple[int, bytes]] = []   # names to drop from the kernel
+        self.abandoning = abandoning
 
     # ------------------------------------------------------------------ close and publish
 
@@ -66,8 +66,8 @@ class Publish:
             return  # that version was closed (or abandoned) by an earlier close
         inode = self.st.ns.get(handle.ino)
         if session.failed:
-            self._abandon(inode, "a write on it failed", keep=False)
-            await self.drop_stale_entries()
+            self.abandoning.abandon(inode, "a write on it failed", keep=False)
+            await self.abandoning.drop_stale_entries()
             # Report the write's own error again at close (as NFS does), e.g. ENOSPC.
             raise FsError(session.failed, "not published: an earlier write failed")
         if self.st.died_unclean(handle.opener):
@@ -75,8 +75,8 @@ class Publish:
                 return  # other handles still write: their close decides
             log.warning("writer %d of %s was killed; nothing published",
                         handle.opener.tgid, self.st._path_for_log(inode))
-            self._abandon(inode, "its writer was killed")
-            await self.drop_stale_entries()
+            self.abandoning.abandon(inode, "its writer was killed")
+            await self.abandoning.drop_stale_entries()
             return
         if self._opener_still_holds(handle):
             return  # a copy's close (fork, subprocess, dup): the opener's close decides
@@ -90,8 +90,8 @@ class Publish:
             # The kernel wrote it: a write that failed for want of space never told us.
             log.error("%s not published: the staging file system is full, so a write "
                       "through the kernel may have failed", self.st._path_for_log(inode))
-            self._abandon(inode, "its staging file system is full", keep=False)
-            await self.drop_stale_entries()
+            self.abandoning.abandon(inode, "its staging file system is full", keep=False)
+            await self.abandoning.drop_stale_entries()
             raise FsError(errno.ENOSPC, "not published: the staging file system is full")
         size = self.st.staging.size(inode.ino, session.ver)
         reason = await self._incomplete_reason(inode, session.ver, size)
@@ -99,8 +99,8 @@ class Publish:
             return
         if reason is not None:
             log.error("%s not published: incomplete %s", self.st._path_for_log(inode), reason)
-            self._abandon(inode, f"it is incomplete ({reason})")
-            await self.drop_stale_entries()
+            self.abandoning.abandon(inode, f"it is incomplete ({reason})")
+            await self.abandoning.drop_stale_entries()
             raise FsError(errno.EIO, f"incomplete checkpoint file: {reason}")
         if rt.passthrough:      # the kernel wrote it: the staging file has its mtime
             inode.mtime_ns = max(inode.mtime_ns, os.fstat(
@@ -143,15 +143,6 @@ class Publish:
             log.error("%s not published: its close could not be recorded (%s)",
                       self.st._path_for_log(inode), exc)
             raise
-
-    async def drop_stale_entries(self) -> None:
-        """Tell the kernel to forget names this node removed by itself (a killed
-        writer's new file), before the request that removed them returns: re-creating
-        the name at once must not meet a cached dentry of the dead inode."""
-        while self._stale_entries:
-            parent, name = self._stale_entries.pop()
-            if self.st.invalidate_entry is not None:
-                await self.st.invalidate_entry(parent, name)
 
     def _opener_still_holds(self, handle: Handle) -> bool:
         if self.st.mount_device is None:
@@ -206,17 +197,7 @@ class Publish:
         """Opened for writing, nothing written: the closed version stays as it was."""
         rt.session = None
         self.st.staging.remove(inode.ino, session.ver)
-        self._restore_size(inode)
-
-    def _restore_size(self, inode: Inode) -> None:
-        if inode.dirty or inode.local_copy:
-            try:
-                inode.size = self.st.staging.size(inode.ino, inode.ver)
-            except FsError:
-                inode.size = inode.published_size
-        else:
-            inode.size = inode.published_size
-        self.st.ns.save(inode)
+        self.abandoning.restore_size(inode)
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino in self.st._held_pointers:
@@ -231,46 +212,6 @@ class Publish:
             self.st.queue.submit(ino)
             self.writes.closed(size)
         self.st.ns.after_commit(submit)
-
-    def _abandon(self, inode: Inode, why: str, keep: bool = True) -> None:
-        """Keep a working version out of sight: move its staging file aside (for
-        ``ckptfs gc``; dropped at once when ``keep`` is false, e.g. after ENOSPC) and
-        show the last closed version again, or nothing if there never was one."""
-        rt = self.st._rt(inode.ino)
-        session = rt.session
-        if session is None:
-            return
-        self.st.leases.abandoned(inode)
-        rt.session = None
-        if keep:
-            kept = self.st.staging.abandon(inode.ino, session.ver)
-            log.warning("%s left unpublished because %s; staged bytes kept at %s",
-                        self.st._path_for_log(inode), why, kept)
-        else:
-            self.st.staging.remove(inode.ino, session.ver)
-            log.warning("%s left unpublished because %s", self.st._path_for_log(inode), why)
-        for handle in filter(None, map(self.st.handles.get, session.handles)):
-            handle.wrote = False
-        if inode.published or inode.dirty:
-            self._restore_size(inode)
-        elif inode.parent:
-            for parent, name in inode.names:   # every name: it never had a closed version
-                self.st._touch_dir(parent)
-                self._stale_entries.append((parent, name))
-            self.held.show_again(inode)     # a name it held shows that entry again
-            inode.held = []
-            if inode.parent:
-                self._drop_names(inode)
-        self.st.invalidate(inode.ino)
-
-    def _drop_names(self, inode: Inode) -> None:
-        """A never-closed file's names go with it, if need be with the reserve's room
-        (an error the log names: what is left is an empty file, nothing is lost)."""
-        try:
-            self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
-        except FsError as exc:
-            log.error("%s stays as an empty file that was never closed: %s",
-                      self.st._path_for_log(inode), exc.reason)
 
     async def publish_now(self, ino: int) -> None:
         """Upload a closed version's chunks and write its entry; on failure, queue a
@@ -399,8 +340,8 @@ class Publish:
                     # process holds the directory's lock (an open that failed after
                     # create answered), and dropping the name takes that lock: it goes
                     # on in the background, never before this release returns.
-                    self._abandon(inode, "no writer closed it for good")
-                    self.st.nursery.start_soon(self.drop_stale_entries)
+                    self.abandoning.abandon(inode, "no writer closed it for good")
+                    self.st.nursery.start_soon(self.abandoning.drop_stale_entries)
         elif handle.snapshot[0] == "staging":
             self.st._unref(handle.ino, rt, handle.snapshot[1])
         if not rt.handles and inode is not None:

@@ -3,12 +3,14 @@ read-ahead, prefetch warming, evicting local copies."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable
 
 import trio
 
+from ..errors import FsError
 from ..format.loadorder import following
 from ..meta.namespace import Inode
 from .chunkmap import ChunkMap
@@ -118,6 +120,8 @@ class ReadPath:
         if offset >= end:
             return b""
         wanted = chunks.covering(offset, end)
+        if not wanted:      # a size its chunks do not cover: never an IndexError
+            raise FsError(errno.EIO, f"no chunk covers bytes {offset}-{end} of {total}")
         for _, sha, _, _ in wanted:
             self.st.cache.pin(sha)
         try:

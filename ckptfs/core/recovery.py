@@ -10,6 +10,7 @@ from ..meta.namespace import ROOT_INO, Inode
 from .state import CoreState
 
 if TYPE_CHECKING:
+    from .abandon import Abandon
     from .entries import EntryIO
     from .read import ReadPath
     from .publish import Publish
@@ -26,8 +27,9 @@ class Recovery:
 
     def __init__(self, st: CoreState, *, entries: EntryIO, reads: ReadPath,
                  publisher: Publish, seals: Seal, renames: Rename,
-                 moves: EntryMoves) -> None:
+                 moves: EntryMoves, abandoning: Abandon) -> None:
         self.st = st
+        self.abandoning = abandoning
         self.entries = entries
         self.reads = reads
         self.publisher = publisher
@@ -54,7 +56,7 @@ class Recovery:
                     if not inode.dirty:
                         self.st.cache.track_local(inode.ino,
                                                self.st.staging.size(inode.ino, inode.ver))
-                    self.publisher._restore_size(inode)
+                    self.abandoning.restore_size(inode)
                     continue
                 if inode.dirty:
                     log.error("closed version of %s is missing from staging",
@@ -63,8 +65,8 @@ class Recovery:
             if not inode.published and inode.parent:
                 log.warning("%s was open for writing when the daemon stopped and never "
                             "closed: removed", self.st._path_for_log(inode))
-                self.st.ns.unlink(inode, all_names=True)
-            self.publisher._restore_size(inode)
+                self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
+            self.abandoning.restore_size(inode)
         for ino, ver in self.st.staging.versions():
             if (ino, ver) not in closed:
                 kept = self.st.staging.abandon(ino, ver)

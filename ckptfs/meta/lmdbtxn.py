@@ -36,6 +36,7 @@ class Transactions:
         self.reserve = reserve
         # The reserve is not held: try to take it again after each commit.
         self._reserve_out = reserve is not None and not reserve.arm()
+        self._map_full = False      # the last failed write found the LMDB map full
 
     def with_room(self, write: Callable[[], T]) -> T:
         """``write()`` -- a removal that must land on a full disk: when it fails for
@@ -45,7 +46,8 @@ class Transactions:
         try:
             return write()
         except FsError as exc:
-            if exc.errno != errno.ENOSPC or self.reserve is None or \
+            # A full map is not helped by room on the disk: ENOSPC as it is.
+            if exc.errno != errno.ENOSPC or self._map_full or self.reserve is None or \
                     not self.reserve.give_up():
                 raise
         self._reserve_out = True
@@ -81,18 +83,19 @@ class Transactions:
             undo, self._on_rollback = self._on_rollback, []
             for call in reversed(undo):
                 call()
-            if isinstance(exc, lmdb.MapFullError):
+            self._map_full = isinstance(exc, lmdb.MapFullError)
+            if self._map_full:
                 raise FsError(errno.ENOSPC, f"{self.path}: the LMDB map is full") from None
             if isinstance(exc, lmdb.Error) and out_of_space(exc, free_bytes(self.path)):
                 raise FsError(errno.ENOSPC, f"{self.path}: {exc}") from None
             raise
         self._committed()
         self._on_rollback.clear()
-        if self._reserve_out and self.reserve is not None and self.reserve.arm():
-            self._reserve_out = False
         calls, self._after_commit = self._after_commit, []
         for call in calls:
             call()
+        if self._reserve_out and self.reserve is not None and self.reserve.arm():
+            self._reserve_out = False     # (``arm`` never raises)
 
     def commits(self) -> int:
         """LMDB's last committed transaction id: grows with every commit, whichever

@@ -19,6 +19,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -30,20 +32,27 @@ RESERVE_BYTES = 2 << 20
 # Taken again only with this many times its size free, so that it does not take the
 # last bytes a writer is waiting for.
 REARM_FACTOR = 4
+# After a try that found no room (or a quota, which ``statvfs`` does not show), the
+# next waits this long: ``arm`` is called after every commit while the reserve is out.
+RETRY_SECONDS = 5.0
 
 
 class RoomReserve:
     """The reserve file at ``path`` (``size`` bytes), held or given up."""
 
-    def __init__(self, path: Path, size: int = RESERVE_BYTES) -> None:
+    def __init__(self, path: Path, size: int = RESERVE_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.size = size
         self.given_up = 0          # times it was given up (``status``)
+        self._clock = clock
+        self._next_try = -float("inf")
 
     def held(self) -> bool:
+        """Never raises: a state dir that cannot be looked at holds no reserve."""
         try:
             return self.path.stat().st_size >= self.size
-        except FileNotFoundError:
+        except OSError:
             return False
 
     def describe(self) -> str:
@@ -54,15 +63,20 @@ class RoomReserve:
 
     def arm(self) -> bool:
         """Hold the room if the disk has ``REARM_FACTOR`` times it free (True if held
-        afterwards).  Allocated for real (``posix_fallocate``), not a sparse file."""
+        afterwards).  Allocated for real (``posix_fallocate``), not a sparse file.
+        Never raises; after an allocation that failed (a quota), the next try waits
+        ``RETRY_SECONDS``."""
         if self.held():
             return True
+        if self._clock() < self._next_try:
+            return False
         try:
             st = os.statvfs(self.path.parent)
         except OSError:
             return False
         if st.f_bavail * st.f_frsize < REARM_FACTOR * self.size:
             return False
+        self._next_try = self._clock() + RETRY_SECONDS
         partial = self.path.with_name(self.path.name + ".new")
         try:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -72,10 +86,14 @@ class RoomReserve:
                 os.close(fd)
             os.replace(partial, self.path)
         except OSError as exc:
-            partial.unlink(missing_ok=True)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 log.warning("cannot hold the state dir's reserve %s: %s", self.path, exc)
             return False
+        self._next_try = -float("inf")
         if self.given_up:
             log.warning("the state dir's disk has room again: its reserve (%d bytes) is "
                         "held again", self.size)
@@ -85,9 +103,10 @@ class RoomReserve:
         """Free the room (True if there was any to free)."""
         try:
             self.path.unlink()
-        except FileNotFoundError:
+        except OSError:
             return False
         self.given_up += 1
+        self._next_try = -float("inf")
         log.warning("the state dir's disk is full: its reserve (%d bytes) is given up so "
                     "that a removal lands; it is held again once the disk has room",
                     self.size)

@@ -49,18 +49,23 @@ async def closed_file(fs: Filesystem, name: bytes, data: bytes) -> int:
     return ino
 
 
+# What LMDB raises when the disk under the state dir is full (the map may have room).
+DISK_FULL = lmdb.Error("mdb_txn_commit: No space left on device")
+
+
 @contextlib.contextmanager
-def commit_fails(ns, method: str,
-                 when: Callable[..., bool] = lambda *args: True) -> Iterator[None]:
-    """``ns.<method>`` writes, then its transaction fails as on a full LMDB map (when
-    ``when(*args)``): inside a caller's ``batch``, that whole batch fails."""
+def commit_fails(ns, method: str, when: Callable[..., bool] = lambda *args: True,
+                 error: Exception | None = None) -> Iterator[None]:
+    """``ns.<method>`` writes, then its transaction fails as on a full LMDB map (or
+    with ``error``, e.g. ``DISK_FULL``) when ``when(*args)``: inside a caller's
+    ``batch``, that whole batch fails."""
     real = getattr(ns, method)
 
     def fails(*args, **kwargs):
         with ns.batch():
             result = real(*args, **kwargs)
             if when(*args):
-                raise lmdb.MapFullError("injected: the map is full")
+                raise error or lmdb.MapFullError("injected: the map is full")
         return result
 
     setattr(ns, method, fails)
@@ -347,8 +352,8 @@ def test_a_new_file_whose_write_failed_on_a_full_disk_leaves_no_name(tmp_path, d
                 assert info.value.errno == errno.ENOSPC, info.value
                 # Whether LMDB finds free pages for the removal on a full disk depends
                 # on its free list: here it finds none while the reserve is held.
-                with commit_fails(fs.ns, "unlink", when=lambda *args: reserve.held()), \
-                        pytest.raises(FsError) as info:
+                with commit_fails(fs.ns, "unlink", when=lambda *args: reserve.held(),
+                                  error=DISK_FULL), pytest.raises(FsError) as info:
                     await fs.flush(handle.fh)
                 assert info.value.errno == errno.ENOSPC, info.value
                 await fs.release(handle.fh)
