@@ -172,6 +172,7 @@ class StoreFaults:
     def start(self, kind: str) -> None:
         if self.store.proxy is not None:
             self.store.proxy.mode = kind
+            self.store.proxy.count_reset()     # bytes that pass during it: evidence
         else:
             self._write([{"kind": self.LOCAL[kind]}] + self.base_rules)
 
@@ -1051,8 +1052,21 @@ class ModelMachine(RuleBasedStateMachine):
         root = str(self.mounts[i].path)
         proc = run_ckptfs("wait", root, "--timeout", "3", timeout=120)
         if proc.returncode == 0:
+            # Evidence for seeds 1215064 and 1215156 (not reproduced by replaying them):
+            # what the node published, what the store saw, what passed the proxy.
+            doc = json.loads(run_ckptfs("status", "--json", root).stdout or "{}")
+            fs = doc.get("fs", {})
+            proxy = self.faults.store.proxy
+            evidence = {"fs": {k: fs.get(k) for k in (
+                "publishes", "publish_failures", "pending_uploads", "failing_uploads",
+                "pending_metadata", "store_unavailable", "chunks_uploaded",
+                "chunks_deduplicated", "open_handles")},
+                "store_stats": doc.get("store_stats"), "fuse_requests":
+                doc.get("fuse_requests"), "data_path": doc.get("data_path"),
+                "proxy_bytes_since_fault": None if proxy is None else
+                [proxy.bytes_up, proxy.bytes_down]}
             self.fail(f"`ckptfs wait` on {'AB'[i]} said done while the store was away "
-                      f"({kind}) and it had closed files since")
+                      f"({kind}) and it had closed files since; {json.dumps(evidence)}")
         # A node learns the store is away from a request that fails: in a hang, not
         # before its first request times out (store_timeout), which may be after the
         # 3 s above when the file was closed just now.
