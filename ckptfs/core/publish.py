@@ -363,10 +363,9 @@ class Publish:
         rt = self.st.runtime.get(inode.ino)
         if rt is not None:
             rt.trackers.clear()
-        for ino, ver in self.st.staging.versions():
-            if ino == inode.ino and not (rt and (rt.refs.get(ver) or
-                                                 (rt.session and rt.session.ver == ver))):
-                self.st.staging.remove(ino, ver)
+        for ver in self.st.staging.versions_of(inode.ino):
+            if not (rt and (rt.refs.get(ver) or (rt.session and rt.session.ver == ver))):
+                self.st.staging.remove(inode.ino, ver)
         self.st.ns.delete_inode(inode.ino)
         self.st.queue.discard(inode.ino)
         if self.st._held_pointers:
