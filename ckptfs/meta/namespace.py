@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import lmdb
+import orjson
 
 from ..errors import FsError
 from .lmdbtxn import Transactions
@@ -119,11 +120,17 @@ class Inode:
         doc["xattrs"] = {base64.b64encode(k).decode(): base64.b64encode(v).decode()
                          for k, v in self.xattrs.items()}
         doc["aliases"] = [[p, _b2s(n)] for p, n in self.aliases]
-        return json.dumps(doc, separators=(",", ":")).encode()
+        try:
+            return orjson.dumps(doc)        # the fast way (decision 0030)
+        except TypeError:   # a name that is not UTF-8: a lone surrogate, which orjson
+            return json.dumps(doc, separators=(",", ":")).encode()   # refuses
 
     @classmethod
     def decode(cls, raw: bytes) -> "Inode":
-        doc = json.loads(raw)
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:      # a name that is not UTF-8 (see ``encode``)
+            doc = json.loads(raw)
         doc["name"] = _s2b(doc["name"])
         doc["target"] = _s2b(doc["target"])
         doc["chunks"] = [tuple(c) for c in doc["chunks"]]
