@@ -214,8 +214,10 @@ class Staging:
         """Copy version ``src`` into a new version ``dst`` (blocking: run in a thread).
         Only its data is copied (``SEEK_DATA``/``SEEK_HOLE``): a sparse file's holes stay
         holes, where ``copy_file_range`` alone wrote them out as zeros."""
-        self._indexed(ino, dst, True)
         with open(self.path(ino, src), "rb") as fin, open(self.path(ino, dst), "wb") as fout:
+            # Indexed once it exists (this runs in a worker thread: an index read from
+            # the directory meanwhile has it or gets it here).
+            self._indexed(ino, dst, True)
             src_fd, dst_fd = fin.fileno(), fout.fileno()
             size = os.fstat(src_fd).st_size
             for start, end in _data_extents(src_fd, size):

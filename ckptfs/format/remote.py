@@ -14,6 +14,7 @@ import binascii
 import functools
 import hashlib
 import json
+import math
 import re
 import stat
 import uuid
@@ -354,7 +355,7 @@ class Entry:
         entry.nlink = nlink
         sealed_at = doc.get("sealed_at")
         if isinstance(sealed_at, (int, float)) and not isinstance(sealed_at, bool) \
-                and sealed_at >= 0:
+                and 0 <= sealed_at < math.inf:
             entry.sealed_at = float(sealed_at)      # anything else: as if absent
         entry.xattrs = _xattrs_from_json(doc.get("xattrs", {}))
         return entry

@@ -13,6 +13,7 @@ import base64
 import errno
 import json
 import logging
+import math
 import stat
 import struct
 import time
@@ -120,10 +121,13 @@ class Inode:
         doc["xattrs"] = {base64.b64encode(k).decode(): base64.b64encode(v).decode()
                          for k, v in self.xattrs.items()}
         doc["aliases"] = [[p, _b2s(n)] for p, n in self.aliases]
-        try:
-            return orjson.dumps(doc)        # the fast way (decision 0030)
-        except TypeError:   # a name that is not UTF-8: a lone surrogate, which orjson
-            return json.dumps(doc, separators=(",", ":")).encode()   # refuses
+        if all(v is None or math.isfinite(v) for v in (self.listed_at, self.sealed_at)):
+            try:
+                return orjson.dumps(doc)        # the fast way (decision 0030)
+            except TypeError:
+                pass    # a name that is not UTF-8 (a lone surrogate), an int over 64 bits
+        # The json module: what orjson refuses, and infinities (it writes them as null).
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> "Inode":
@@ -131,6 +135,9 @@ class Inode:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:      # a name that is not UTF-8 (see ``encode``)
             doc = json.loads(raw)
+        else:
+            if any(type(doc.get(k)) is float for k in _INT_FIELDS):
+                doc = json.loads(raw)       # orjson reads an int over 64 bits as a float
         doc["name"] = _s2b(doc["name"])
         doc["target"] = _s2b(doc["target"])
         doc["chunks"] = [tuple(c) for c in doc["chunks"]]
@@ -142,6 +149,7 @@ class Inode:
 
 
 _INODE_FIELDS = tuple(f.name for f in fields(Inode))
+_INT_FIELDS = tuple(f.name for f in fields(Inode) if f.type == "int")
 
 
 def _take_next(txn: lmdb.Transaction, db: lmdb._Database, counter: bytes) -> int:

@@ -49,3 +49,37 @@ def test_names_that_are_not_utf8_survive_the_namespace(tmp_path):
         ino = ns.lookup(ROOT_INO, name)
         assert ino is not None and ns.get(ino).name == name
     ns.close()
+
+
+def test_times_and_sizes_over_64_bits_read_back_exactly(tmp_path):
+    """``touch -d 2600-01-01`` gives an mtime over 2**64 ns: orjson refuses to write it
+    and would read it as a float (rounded, and refused by other nodes once published);
+    such a record is written and read by the json module, exactly."""
+    big = 19_880_899_200_123_456_789
+    inode = inode_named(b"f")
+    inode.mtime_ns, inode.size = big, 2 ** 70
+    back = Inode.decode(inode.encode())
+    assert (back.mtime_ns, back.size) == (big, 2 ** 70)
+    assert type(back.mtime_ns) is int and type(back.size) is int
+    ns = Namespace(tmp_path / "meta")
+    saved = ns.reserve_inode("file", 0o644, 0, 0, mtime_ns=big)
+    ns.close()
+    ns = Namespace(tmp_path / "meta")
+    assert ns.get(saved.ino).mtime_ns == big
+    ns.close()
+
+
+def test_an_infinite_seal_time_is_not_written_as_null():
+    """orjson writes infinity as null: such a record goes through the json module (and
+    a store entry's infinite ``sealed_at`` is not taken: the test below)."""
+    inode = inode_named(b"f")
+    inode.sealed_at = float("inf")
+    assert Inode.decode(inode.encode()).sealed_at == float("inf")
+
+
+def test_an_entry_with_an_infinite_seal_time_reads_as_unsealed():
+    from ckptfs.format.remote import Entry
+    template = Entry(type="dir", mode=0o755, id="0" * 32, sealed_at=5.0).to_json()
+    assert Entry.from_json(template).sealed_at == 5.0
+    hostile = template.replace(b'"sealed_at":5.0', b'"sealed_at":1e999')
+    assert Entry.from_json(hostile).sealed_at is None
