@@ -66,7 +66,9 @@ class FaultProxy:
         self._conns: set[_Conn] = set()
         self._stop = False
         self.mode = mode
-        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True,
+                                          name="proxy-accept")
+        self._acceptor.start()
 
     @property
     def endpoint_url(self) -> str:
@@ -116,6 +118,14 @@ class FaultProxy:
     def close(self) -> None:
         self._stop = True
         try:
+            # Wake the accept thread first: a thread left blocked in accept() on a
+            # closed listener took connections meant for the next proxy's listener
+            # (same descriptor number), so they passed every fault -- the model test's
+            # "wait said done during an outage" (seeds 1215064, 1215156, 1215167).
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self.listener.close()
         except OSError:
             pass
@@ -131,6 +141,9 @@ class FaultProxy:
             try:
                 client, _ = self.listener.accept()
             except OSError:
+                return
+            if self._stop:          # never serve a connection after close()
+                client.close()
                 return
             with self._lock:
                 if self.resets_left > 0:
