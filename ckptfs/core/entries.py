@@ -87,6 +87,35 @@ class EntryIO:
                     log.error("store error: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
 
+    async def put_new(self, key: str, body: bytes, *,
+                      abandon_on_cancel: bool = False) -> str | None:
+        """Write a new name's entry only if the name is free: the new ETag, or None when
+        ``key`` holds an entry.  An EMPTY object there counts as free: no ckptfs writer
+        writes an empty entry, and a store can keep one from a PUT cut short (SeaweedFS
+        did, for a daemon SIGKILLed mid-PUT).  It is replaced only while it is still that
+        empty object (If-Match its ETag), so nothing anyone wrote is ever overwritten."""
+        for _ in range(3):
+            created = await self._store(self.st.store.put_if_absent, key, body,
+                                        abandon_on_cancel=abandon_on_cancel)
+            if created:
+                return created
+            try:
+                held, etag = await self._store(self.st.store.get, key,
+                                               abandon_on_cancel=abandon_on_cancel)
+            except NotFound:
+                continue                        # removed meanwhile: free again
+            if held:
+                return None
+            log.warning("%s: the store held an empty object there (a write cut short); "
+                        "replaced with this node's entry", key)
+            try:
+                return await self._store(functools.partial(self.st.store.put, key, body,
+                                                           if_match=etag),
+                                         abandon_on_cancel=abandon_on_cancel)
+            except PreconditionFailed:
+                continue                        # someone wrote it meanwhile: look again
+        return None
+
     def _key_of(self, inode: Inode) -> str:
         """Where ``inode``'s content entry lives: its shared inode object once it is
         hard-linked (decision 0008), else the entry of its name."""
@@ -112,8 +141,7 @@ class EntryIO:
         key = inode_key(link_id_of(inode))
         if inode.links_pending and not inode.published:
             inode.remote_nlink = len(inode.names)
-            etag = await self._store(self.st.store.put_if_absent, key,
-                                     self._content_entry(inode).to_json())
+            etag = await self.put_new(key, self._content_entry(inode).to_json())
             if not etag:
                 raise FsError(errno.EIO, f"{key} exists already")
             inode.remote_etag = etag
@@ -184,7 +212,7 @@ class EntryIO:
             link_id = uuid.uuid4().hex
             content = self._content_entry(inode)
             obj = inode_key(link_id)
-            obj_etag = await self._store(self.st.store.put_if_absent, obj, content.to_json())
+            obj_etag = await self.put_new(obj, content.to_json())
             try:
                 await self._store(functools.partial(
                     self.st.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),

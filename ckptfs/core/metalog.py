@@ -85,8 +85,8 @@ class MetaLogApply:
             inode = self.st.ns.maybe_get(ino)
             if inode is None or inode.type != "dir" or inode.published or not inode.parent:
                 return   # removed here before it reached the store: nothing to create
-            created = await self.entries._store(self.st.store.put_if_absent, key,
-                                        self.entries._content_entry(inode).to_json())
+            created = await self.entries.put_new(key,
+                                                 self.entries._content_entry(inode).to_json())
             if created is not None:
                 inode.published, inode.remote_etag = True, created
                 inode.listed_at = time.time()

@@ -178,7 +178,7 @@ class EntryMoves:
         if target is None:
             return await self.entries._store(self.st.store.put, key, body)
         if target == ABSENT:
-            return await self.entries._store(self.st.store.put_if_absent, key, body)
+            return await self.entries.put_new(key, body)
         try:
             return await self.entries._store(
                 functools.partial(self.st.store.put, key, body, if_match=target))

@@ -146,8 +146,8 @@ class Names:
         entry = Entry(type="dir", mode=inode.mode, uid=inode.uid, gid=inode.gid,
                       mtime_ns=inode.mtime_ns, id=inode.dir_id, staged=inode.staged)
         key = entry_key(dir_id_of(parent_inode), name)
-        created = await self.entries._store(self.st.store.put_if_absent, key, entry.to_json(),
-                                    abandon_on_cancel=abandon_on_cancel)
+        created = await self.entries.put_new(key, entry.to_json(),
+                                             abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
         if created:
             await self.entries.landed(key)
@@ -390,8 +390,8 @@ class Names:
                     await self.entries._make_linked(inode)
                 await self.entries._change_nlink(inode, +1)
                 key = entry_key(dir_id_of(new_dir), new_name)
-                created = await self.entries._store(self.st.store.put_if_absent, key,
-                                            self.entries._entry_of(inode).to_json())
+                created = await self.entries.put_new(key,
+                                                     self.entries._entry_of(inode).to_json())
                 if not created:
                     await self.entries._change_nlink(inode, -1)
                     raise FsError(errno.EEXIST)

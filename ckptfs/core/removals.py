@@ -230,8 +230,7 @@ class DirRemovals:
                              for n in range(1, RESTORED_NAMES + 1)]
         for key in keys:
             for _ in range(ATTEMPTS):
-                if await self.entries._store(self.st.store.put_if_absent, key,
-                                             mark.entry.to_json()):
+                if await self.entries.put_new(key, mark.entry.to_json()):
                     log.warning("directory %s was removed by another node while this "
                                 "node wrote into it: it is back at %s", dir_id, key)
                     self._touch(key)

@@ -27,7 +27,9 @@ class FaultRule:
     prefix: str = ""               # only keys starting with this
     # transient | permanent | denied (AccessDenied, a 403) | hang (the call blocks
     # while this rule stays in the plan, up to ``delay`` or 600 s, then fails as a
-    # transient error) | corrupt | no_conditional | delay
+    # transient error) | corrupt | no_conditional | delay | torn (a put or put_if_absent
+    # leaves an EMPTY object at the key, as SeaweedFS did for a PUT whose writer was
+    # SIGKILLed, then fails as a dropped connection)
     kind: str = "transient"
     times: int = -1                # how many times to fire; -1 = always
     delay: float = 0.0             # seconds to sleep before the call
@@ -112,12 +114,18 @@ class FaultInjectingStore:
         rule = self._before("put", key)
         if rule is not None and rule.kind == "no_conditional":
             if_match = None
+        if rule is not None and rule.kind == "torn":
+            self.inner.put(key, b"", if_match=if_match)
+            raise TransientStoreError(f"injected torn put of {key}")
         return self.inner.put(key, data, sha256, if_match=if_match)
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         rule = self._before("put_if_absent", key)
         if rule is not None and rule.kind == "no_conditional":
             return self.inner.put(key, data)
+        if rule is not None and rule.kind == "torn":
+            self.inner.put_if_absent(key, b"")
+            raise TransientStoreError(f"injected torn put of {key}")
         return self.inner.put_if_absent(key, data)
 
     def get(self, key: str) -> tuple[bytes, str]:

@@ -198,9 +198,16 @@ class S3Store:
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         from botocore.exceptions import ClientError
+        # A checksum header of the body, always: without one a store may take a PUT
+        # whose writer died after its head for a complete EMPTY object (SeaweedFS did:
+        # an empty directory entry after a SIGKILL; tests/integration/
+        # test_store_conditional.py).
+        name, value = transfer_checksum(data)
+        checksum: dict[str, str] = ({"ChecksumCRC32C": value} if name.endswith("crc32c")
+                                    else {"ChecksumCRC32": value})
         try:
             r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data,
-                                       IfNoneMatch="*")
+                                       IfNoneMatch="*", **checksum)  # type: ignore[arg-type]
             return r.get("ETag") or '"?"'
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))

@@ -12,7 +12,10 @@ real sockets below boto3, no mocks.
 - ``nobucket`` answer every request with 404 ``NoSuchBucket`` (the bucket deleted);
 - ``reset``  forward the request, send half of the first piece of the response, then
              reset the connection (RST);
-- ``slow``   forward, throttled to ``slow_bps`` bytes per second each way.
+- ``slow``   forward, throttled to ``slow_bps`` bytes per second each way;
+- ``torn``   forward a request's head, then end the connection to the server before any
+             of its body (a writer SIGKILLed between the two: SeaweedFS kept an EMPTY
+             object for such a PUT without a checksum header) and reset the client's.
 
 Switching mode acts on the connections already open too: to ``hang`` they go silent;
 to ``refuse``/``503``/``reset`` they are reset, so the client reconnects into the new
@@ -27,7 +30,7 @@ import threading
 import time
 from collections import Counter
 
-MODES = ("pass", "refuse", "hang", "503", "403", "nobucket", "reset", "slow")
+MODES = ("pass", "refuse", "hang", "503", "403", "nobucket", "reset", "slow", "torn")
 # The error-answer modes: HTTP status line and S3 error code.
 _ANSWERS = {"503": (b"503 Service Unavailable", b"ServiceUnavailable"),
             "403": (b"403 Forbidden", b"AccessDenied"),
@@ -168,6 +171,8 @@ class FaultProxy:
                 self._swallow(conn)
             elif conn.mode in _ANSWERS:
                 self._answer_error(conn, *_ANSWERS[conn.mode])
+            elif conn.mode == "torn":
+                self._tear(conn)
             else:
                 self._forward(conn)
         except OSError:
@@ -213,6 +218,30 @@ class FaultProxy:
             break
         self._close(conn, rst=False)
 
+    def _tear(self, conn: _Conn) -> None:
+        sock = conn.client
+        sock.settimeout(30)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            piece = sock.recv(65536)
+            if not piece:
+                self._close(conn, rst=False)
+                return
+            head += piece
+        upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        upstream.sendall(head.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+        # The server reads the head (and may say 100 Continue, read here: a close with
+        # unread bytes would send RST, not the FIN a killed writer's socket sends).
+        upstream.settimeout(0.2)
+        try:
+            while upstream.recv(65536):
+                pass
+        except OSError:
+            pass
+        upstream.close()           # then the writer is gone
+        time.sleep(0.3)            # the server sees the end before the client retries
+        self._close(conn, rst=True)
+
     def _forward(self, conn: _Conn) -> None:
         try:
             conn.upstream = socket.create_connection(("127.0.0.1", self.target_port))
@@ -243,7 +272,7 @@ class FaultProxy:
                     dst.sendall(data[:max(1, len(data) // 2)])
                     self._close(conn, rst=True)
                     return
-                if mode in ("refuse", "reset", *_ANSWERS) and conn.mode != mode:
+                if mode in ("refuse", "reset", "torn", *_ANSWERS) and conn.mode != mode:
                     self._close(conn, rst=True)
                     return
                 dst.sendall(data)

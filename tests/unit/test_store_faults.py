@@ -49,3 +49,15 @@ def test_a_hang_rule_blocks_until_the_control_file_drops_it(tmp_path):
     assert not thread.is_alive()
     assert isinstance(outcome[0], TransientStoreError), outcome
     assert store.get("k")[0] == b"v"                       # the next call goes through
+
+
+def test_a_torn_rule_leaves_an_empty_object_and_fails_like_a_dropped_connection(tmp_path):
+    store, _ = _store(tmp_path, [{"op": "put_if_absent", "kind": "torn", "times": 1},
+                                 {"op": "put", "kind": "torn", "times": 1}])
+    with pytest.raises(TransientStoreError):
+        store.put_if_absent("new", b"entry")
+    assert store.get("new")[0] == b""
+    assert store.put_if_absent("new", b"entry") is None      # the key is taken now
+    with pytest.raises(TransientStoreError):
+        store.put("k", b"w")
+    assert store.get("k")[0] == b""
