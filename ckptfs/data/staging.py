@@ -253,11 +253,10 @@ class Staging:
         """Move a staging file aside (kept for ``ckptfs gc``) and forget it."""
         self.close_fd(ino, ver)
         src = self.path(ino, ver)
-        if not src.exists():
-            self._indexed(ino, ver, False)
-            return None
-        dst = self.abandoned / f"{time.time_ns()}-{src.name}"
-        os.replace(src, dst)
+        dst: Path | None = None
+        if src.exists():
+            dst = self.abandoned / f"{time.time_ns()}-{src.name}"
+            os.replace(src, dst)        # a failure leaves it staged, and indexed
         self._indexed(ino, ver, False)
         return dst
 

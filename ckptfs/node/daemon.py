@@ -34,7 +34,7 @@ from ..fuse.invalidations import InodeInvalidations
 from ..data.liveness import DEFAULT_SETTLE
 from ..data.spares import SpareFiles
 from ..meta.namespace import ROOT_INO, Namespace
-from ..meta.reserve import RoomReserve
+from ..meta.reserve import REARM_FACTOR, RoomReserve
 from .preflight import (check_fuse_device, check_may_mount, check_mountpoint,
                         explain_mount_failure, resolve_allow_other)
 from ..procstat import device_of_mount
@@ -460,7 +460,7 @@ class Daemon:
             raise MountError(f"cannot open {opts.state_dir / 'meta.lmdb'}: {exc}") from None
         if ns.reserve is not None and not ns.reserve.held():
             log.warning("the state dir's disk has less than %d bytes free: no room is kept "
-                        "for removals on a full disk until it has", 4 * ns.reserve.size)
+                        "for removals on a full disk until it has", REARM_FACTOR * ns.reserve.size)
         bound = ns.meta_get("store_url")
         if bound is not None and bound != store.url:
             ns.close()
