@@ -87,13 +87,19 @@ class EntryIO:
                     log.error("store error: %s", exc)
                 raise FsError(errno.EIO, str(exc)) from None
 
-    async def put_new(self, key: str, body: bytes, *,
+    async def put_new(self, key: str, body: bytes, *, empty_is_free: bool = False,
                       abandon_on_cancel: bool = False) -> str | None:
         """Write a new name's entry only if the name is free: the new ETag, or None when
-        ``key`` holds an entry.  An EMPTY object there counts as free: no ckptfs writer
-        writes an empty entry, and a store can keep one from a PUT cut short (SeaweedFS
-        did, for a daemon SIGKILLed mid-PUT).  It is replaced only while it is still that
-        empty object (If-Match its ETag), so nothing anyone wrote is ever overwritten."""
+        ``key`` holds another entry.  ``body`` found there is this node's own write whose
+        answer was lost (a retry then met its own object): taken as written.
+
+        ``empty_is_free``: an EMPTY object there counts as free (a PUT cut short: no
+        ckptfs writer writes an empty entry; SeaweedFS kept one for a daemon SIGKILLed
+        mid-PUT before put_if_absent sent a checksum).  Only for a name the caller knows
+        was free when it looked -- the name is not in its listing's corrupt set
+        (``Names._check_absent``) -- so the empty object is a new name's torn write, not
+        an entry an older release emptied while its node still holds the file.  It is
+        replaced only while it is still that empty object (If-Match its ETag)."""
         for _ in range(3):
             created = await self._store(self.st.store.put_if_absent, key, body,
                                         abandon_on_cancel=abandon_on_cancel)
@@ -104,7 +110,9 @@ class EntryIO:
                                                abandon_on_cancel=abandon_on_cancel)
             except NotFound:
                 continue                        # removed meanwhile: free again
-            if held:
+            if bytes(held) == body:
+                return etag                     # ours: the answer to our write was lost
+            if held or not empty_is_free:
                 return None
             log.warning("%s: the store held an empty object there (a write cut short); "
                         "replaced with this node's entry", key)
@@ -113,7 +121,7 @@ class EntryIO:
                                                            if_match=etag),
                                          abandon_on_cancel=abandon_on_cancel)
             except PreconditionFailed:
-                continue                        # someone wrote it meanwhile: look again
+                continue                        # written meanwhile (by us?): look again
         return None
 
     def _key_of(self, inode: Inode) -> str:
@@ -141,7 +149,8 @@ class EntryIO:
         key = inode_key(link_id_of(inode))
         if inode.links_pending and not inode.published:
             inode.remote_nlink = len(inode.names)
-            etag = await self.put_new(key, self._content_entry(inode).to_json())
+            etag = await self.put_new(key, self._content_entry(inode).to_json(),
+                                      empty_is_free=True)     # a fresh uuid's key
             if not etag:
                 raise FsError(errno.EIO, f"{key} exists already")
             inode.remote_etag = etag
@@ -212,7 +221,8 @@ class EntryIO:
             link_id = uuid.uuid4().hex
             content = self._content_entry(inode)
             obj = inode_key(link_id)
-            obj_etag = await self.put_new(obj, content.to_json())
+            obj_etag = await self.put_new(obj, content.to_json(),
+                                          empty_is_free=True)   # a fresh uuid's key
             try:
                 await self._store(functools.partial(
                     self.st.store.put, key, Entry(type="link", mode=0, link=link_id).to_json(),

@@ -85,8 +85,11 @@ class MetaLogApply:
             inode = self.st.ns.maybe_get(ino)
             if inode is None or inode.type != "dir" or inode.published or not inode.parent:
                 return   # removed here before it reached the store: nothing to create
+            # The name was free in this node's listing when the mkdir was journaled
+            # (``Names._check_absent``): an empty object there is a torn write.
             created = await self.entries.put_new(key,
-                                                 self.entries._content_entry(inode).to_json())
+                                                 self.entries._content_entry(inode).to_json(),
+                                                 empty_is_free=True)
             if created is not None:
                 inode.published, inode.remote_etag = True, created
                 inode.listed_at = time.time()

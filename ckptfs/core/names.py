@@ -101,6 +101,10 @@ class Names:
         await self.refresher.refresh_dir(parent)
         if self.st.ns.lookup(parent, name) is not None:
             raise FsError(errno.EEXIST)
+        if name in self.refresher._corrupt.get(parent, ()):
+            # Its entry may be a file another node holds, emptied or damaged: never
+            # taken over (EIO, as a lookup of it).
+            raise FsError(errno.EIO, f"the store's entry for {name!r} is corrupt")
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Inode:
         await self._check_absent(parent, name)
@@ -146,7 +150,7 @@ class Names:
         entry = Entry(type="dir", mode=inode.mode, uid=inode.uid, gid=inode.gid,
                       mtime_ns=inode.mtime_ns, id=inode.dir_id, staged=inode.staged)
         key = entry_key(dir_id_of(parent_inode), name)
-        created = await self.entries.put_new(key, entry.to_json(),
+        created = await self.entries.put_new(key, entry.to_json(), empty_is_free=True,
                                              abandon_on_cancel=abandon_on_cancel)
         etag = created or ""
         if created:
