@@ -34,6 +34,21 @@ class WritePath:
             int(shutil.disk_usage(st.staging.root).free * MAX_STAGED_FRACTION)
         self.writers_waiting = 0
         self._staged_bytes = (0.0, 0)          # (when counted, bytes)
+        st.ns.on_reload = self.reloaded
+
+    def reloaded(self, inode: Inode) -> None:
+        """``inode`` was read again from disk after a failed commit (no await): an open
+        writer's size and mtime were never saved there -- they are its staging file's
+        (soak seed 1215183: a failed rename showed a file being written as empty)."""
+        rt = self.st.runtime.get(inode.ino)
+        if rt is None or rt.session is None:
+            return
+        try:
+            st = os.fstat(self.st.staging.fd(inode.ino, rt.session.ver))
+        except (OSError, FsError):
+            return
+        inode.size = st.st_size
+        inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
 
     # ------------------------------------------------------------------ open / read / write
 

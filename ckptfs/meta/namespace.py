@@ -310,6 +310,9 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
         self._subdirs: dict[int, int] = {}
         self.path = path
         self._written: set[int] = set()     # inodes the open write transaction wrote
+        # Told of each inode read again from disk after a failed write: the owner of
+        # state kept only in memory (an open writer's size) puts it back.
+        self.on_reload: Callable[[Inode], None] | None = None
         self._init_transactions(reserve)
         with self._write() as txn:
             if txn.get(_k(ROOT_INO), db=self.db_inodes) is None:
@@ -322,11 +325,15 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
                 txn.put(b"next_journal", _k(1), db=self.db_meta)
 
     def _rolled_back(self) -> None:
-        for ino in self._written:
-            self._cache.pop(ino, None)     # read again as it is on disk
-        self._written.clear()
+        written, self._written = self._written, set()
+        reloaded = [ino for ino in written if self._cache.pop(ino, None) is not None]
         self._subdirs.clear()
         self._staged = None
+        if self.on_reload is not None:
+            for ino in reloaded:            # read again as it is on disk
+                inode = self.maybe_get(ino)
+                if inode is not None:
+                    self.on_reload(inode)
 
     def _committed(self) -> None:
         self._written.clear()

@@ -150,3 +150,31 @@ def test_a_reserve_that_cannot_be_taken_is_tried_again_only_after_a_pause(
     ns.meta_put("k", "held")
     assert reserve.held()
     ns.close()
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_failed_commit_keeps_an_open_writers_size_and_bytes_in_sight(tmp_path, durability):
+    """Soak seed 1215183: a file being written (never closed) is renamed while the state
+    dir is full; the rename fails (ENOSPC) and its inode is read again from disk, where
+    the size of the writes so far was never saved: the file showed 0 bytes, not the
+    bytes its writer had written."""
+    from test_state_dir_full import commit_fails
+
+    async def body(fs) -> None:
+        handle, _ = await fs.create(ROOT_INO, b"f0", 0o644, WRITE_NEW, 0, 0,
+                                    Opener.from_tid(os.getpid()))
+        await fs.write(handle.fh, 0, b"x" * 60)
+        await fs.write(handle.fh, 60, b"y" * 40)
+        ino = fs.ns.lookup(ROOT_INO, b"f0")
+        with commit_fails(fs.ns, "move", error=DISK_FULL), pytest.raises(FsError) as info:
+            await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+        assert info.value.errno == errno.ENOSPC
+        assert fs.ns.lookup(ROOT_INO, b"f0") == ino and fs.ns.lookup(ROOT_INO, b"f1") is None
+        assert fs.getattr(ino).size == 100
+        assert await read_all(fs, ino) == b"x" * 60 + b"y" * 40
+        await fs.write(handle.fh, 100, b"z")             # the writer goes on
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        await fs.wait_idle()
+        assert await read_all(fs, ino) == b"x" * 60 + b"y" * 40 + b"z"
+    run_core(tmp_path, durability, body, None)
