@@ -29,7 +29,9 @@ class FaultRule:
     # while this rule stays in the plan, up to ``delay`` or 600 s, then fails as a
     # transient error) | corrupt | no_conditional | delay | torn (a put or put_if_absent
     # leaves an EMPTY object at the key, as SeaweedFS did for a PUT whose writer was
-    # SIGKILLed, then fails as a dropped connection)
+    # SIGKILLed, then fails as a dropped connection) | lost_reply (a put, put_if_absent or
+    # delete acts, then fails as a connection reset before its answer; other calls fail
+    # before acting)
     kind: str = "transient"
     times: int = -1                # how many times to fire; -1 = always
     delay: float = 0.0             # seconds to sleep before the call
@@ -87,7 +89,8 @@ class FaultInjectingStore:
             time.sleep(rule.delay)
         if rule.kind == "denied":
             raise AccessDenied(f"injected access denied on {op} {key}")
-        if rule.kind == "transient":
+        if rule.kind == "transient" or (rule.kind == "lost_reply"
+                                        and op not in ("put", "put_if_absent", "delete")):
             raise TransientStoreError(f"injected transient fault on {op} {key}")
         if rule.kind == "permanent":
             raise StoreError(f"injected fault on {op} {key}")
@@ -117,7 +120,9 @@ class FaultInjectingStore:
         if rule is not None and rule.kind == "torn":
             self.inner.put(key, b"", if_match=if_match)
             raise TransientStoreError(f"injected torn put of {key}")
-        return self.inner.put(key, data, sha256, if_match=if_match)
+        etag = self.inner.put(key, data, sha256, if_match=if_match)
+        self._lose_reply(rule, "put", key)
+        return etag
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         rule = self._before("put_if_absent", key)
@@ -126,7 +131,9 @@ class FaultInjectingStore:
         if rule is not None and rule.kind == "torn":
             self.inner.put_if_absent(key, b"")
             raise TransientStoreError(f"injected torn put of {key}")
-        return self.inner.put_if_absent(key, data)
+        done = self.inner.put_if_absent(key, data)
+        self._lose_reply(rule, "put_if_absent", key)
+        return done
 
     def get(self, key: str) -> tuple[bytes, str]:
         rule = self._before("get", key)
@@ -156,3 +163,9 @@ class FaultInjectingStore:
         if rule is not None and rule.kind == "no_conditional":
             if_match = None
         self.inner.delete(key, if_match)
+        self._lose_reply(rule, "delete", key)
+
+    @staticmethod
+    def _lose_reply(rule: FaultRule | None, op: str, key: str) -> None:
+        if rule is not None and rule.kind == "lost_reply":
+            raise TransientStoreError(f"injected: the answer to {op} {key} was lost")

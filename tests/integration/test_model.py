@@ -102,7 +102,8 @@ SETTLE = 2 * TTL + 0.15
 # Async: chunk uploads are slowed so closed versions stay pending across steps.
 ASYNC_FAULTS = {"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", "delay": 0.15}]}
 # The store outages a step can start (StoreFaults) and the errors they log.
-FAULT_KINDS = [k for k in ("refuse", "403", "503", "hang", "torn") if f"fault-{k}" not in SKIP]
+FAULT_KINDS = [k for k in ("refuse", "403", "503", "hang", "torn", "reset")
+               if f"fault-{k}" not in SKIP]
 OUTAGE_ERRORS = (r"store error: ", r"store timeout: ", r"failed after \d+ attempts",
                  r"store unavailable", r"access denied", r"does not exist", r"injected",
                  r"No space left on device")
@@ -153,12 +154,14 @@ class StoreFaults:
     through the control file of the fault-injecting store every daemon is started with
     (refuse and 503 are both transient errors there, 403 AccessDenied, hang a call that
     blocks until the fault ends; torn -- every request's head reaches the server, never
-    its body -- a transient error there)."""
+    its body -- a transient error there; reset -- every write lands and its answer is
+    lost)."""
 
     # A local store writes by rename: no write is ever torn there, a torn connection is
-    # a dropped one.
+    # a dropped one.  reset: the proxy forwards a request, then resets the connection
+    # during the answer -- a write that landed, its answer lost (lost_reply).
     LOCAL = {"refuse": "transient", "503": "transient", "403": "denied", "hang": "hang",
-             "torn": "transient"}
+             "torn": "transient", "reset": "lost_reply"}
 
     def __init__(self, store: StoreSpec, control: Path, base_rules: list[dict]) -> None:
         self.store, self.control, self.base_rules = store, control, base_rules
@@ -881,7 +884,7 @@ class ModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.fault is None and FAULT_KINDS)
     @rule(kind=st.sampled_from(FAULT_KINDS or ["none"]))
     def fault_start(self, kind):
-        """The store both nodes share goes away (refuse, 403, 503, hang, torn) until
+        """The store both nodes share goes away (refuse, 403, 503, hang, torn, reset) until
         ``fault_end``.  Async: every step on a node goes on locally; sync: a step may fail
         with EIO, and then either happened or did not -- never half."""
         # Every node lists every directory first: a node that never listed one cannot

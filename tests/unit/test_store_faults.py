@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ckptfs.store import AccessDenied, MemoryStore, TransientStoreError
+from ckptfs.store import AccessDenied, MemoryStore, NotFound, TransientStoreError
 from ckptfs.store.faults import FaultInjectingStore, FaultPlan
 
 
@@ -61,3 +61,18 @@ def test_a_torn_rule_leaves_an_empty_object_and_fails_like_a_dropped_connection(
     with pytest.raises(TransientStoreError):
         store.put("k", b"w")
     assert store.get("k")[0] == b""
+
+
+def test_a_lost_reply_rule_acts_then_fails_and_reads_fail_before_acting(tmp_path):
+    store, _ = _store(tmp_path, [{"kind": "lost_reply", "times": 4}])
+    with pytest.raises(TransientStoreError):
+        store.put("k", b"w")
+    with pytest.raises(TransientStoreError):
+        store.put_if_absent("new", b"n")
+    with pytest.raises(TransientStoreError):
+        store.get("k")                                     # a read fails before acting
+    with pytest.raises(TransientStoreError):
+        store.delete("new")
+    assert store.get("k")[0] == b"w"                       # the writes landed
+    with pytest.raises(NotFound):
+        store.get("new")                                   # and so did the delete
