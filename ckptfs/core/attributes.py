@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 
 
@@ -36,6 +37,18 @@ class Attributes:
 
     # ------------------------------------------------------------------ attributes
 
+    def _stamp_working_version(self, ino: int, ver: int, mtime_ns: int) -> None:
+        """An mtime set while a write session is open (``cp -p``, ``tar x`` and
+        ``rsync -t`` set times on the open descriptor) goes on the staging file too: the
+        kernel's writes (passthrough) and a reload after a failed commit take the working
+        version's mtime from it, and a later write moves it on as it should."""
+        try:
+            fd = self.st.staging.fd(ino, ver)
+            os.utime(fd, ns=(os.fstat(fd).st_atime_ns, mtime_ns))
+        except (OSError, FsError) as exc:
+            log.warning("inode %d: mtime not set on its staging file (%s): the close may "
+                        "take the last write's time", ino, exc)
+
     async def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
                       gid: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
@@ -62,6 +75,8 @@ class Attributes:
                 inode.mtime_ns = mtime_ns
             inode.ctime_ns = time.time_ns()
             self.st.ns.save(inode)
+            if mtime_ns is not None and rt.session is not None:
+                self._stamp_working_version(ino, rt.session.ver, mtime_ns)
             # Attributes ride with the next publish of a closed version; a working
             # version is never published by a metadata change.
             metadata = mode is not None or uid is not None or gid is not None \

@@ -257,6 +257,10 @@ class Staging:
         if src.exists():
             dst = self.abandoned / f"{time.time_ns()}-{src.name}"
             os.replace(src, dst)        # a failure leaves it staged, and indexed
+            try:
+                os.utime(dst)           # gc's grace counts from now, not a time a user set
+            except OSError:
+                pass
         self._indexed(ino, ver, False)
         return dst
 

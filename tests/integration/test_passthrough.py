@@ -286,3 +286,34 @@ def test_a_writer_killed_after_its_early_uploads_publishes_nothing(local_store, 
     run_ckptfs("wait", str(node.path), check=True)
     assert node.stats()["publishes"] == 0
     assert not (make_mount(local_store, name="fresh").path / "torn.pt").exists()
+
+
+def test_an_mtime_set_on_the_open_file_is_kept_and_a_later_write_moves_it(store, make_mount):
+    """``cp -p``, ``tar x`` and ``rsync -t`` set a file's times on the open descriptor
+    before its close.  On the kernel's path the close took the staging file's own mtime
+    (the last write's) instead: every preserved time was lost."""
+    node = make_mount(store, durability="async")
+    _kernel_path(node)
+    path = node.path / "kept.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 5000)
+        os.utime(fd, ns=(10**18, 10**18))
+        assert os.fstat(fd).st_mtime_ns == 10**18
+    finally:
+        os.close(fd)
+    assert os.stat(path).st_mtime_ns == 10**18
+    moved = node.path / "moved.bin"
+    fd = os.open(moved, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.utime(fd, ns=(10**18, 10**18))
+        os.write(fd, b"y" * 5000)                    # a write after it: now
+    finally:
+        os.close(fd)
+    assert os.stat(moved).st_mtime_ns > 10**18 + 10**17
+    subprocess.run(["cp", "-p", "/etc/hostname", str(node.path / "h")], check=True)
+    assert os.stat(node.path / "h").st_mtime_ns == os.stat("/etc/hostname").st_mtime_ns
+    run_ckptfs("wait", str(node.path), check=True)
+    other = make_mount(store, name="fresh")
+    assert os.stat(other.path / "kept.bin").st_mtime_ns == 10**18
+    assert os.stat(other.path / "h").st_mtime_ns == os.stat("/etc/hostname").st_mtime_ns
