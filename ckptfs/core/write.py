@@ -39,7 +39,9 @@ class WritePath:
     def reloaded(self, inode: Inode) -> None:
         """``inode`` was read again from disk after a failed commit (no await): an open
         writer's size and mtime were never saved there -- they are its staging file's
-        (soak seed 1215183: a failed rename showed a file being written as empty)."""
+        (soak seed 1215183: a failed rename showed a file being written as empty).  The
+        staging file's mtime is the working version's: each write moves it, and an
+        mtime set meanwhile is put on it (``Attributes._stamp_working_version``)."""
         rt = self.st.runtime.get(inode.ino)
         if rt is None or rt.session is None:
             return
@@ -48,7 +50,7 @@ class WritePath:
         except (OSError, FsError):
             return
         inode.size = st.st_size
-        inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
+        inode.mtime_ns = st.st_mtime_ns
 
     # ------------------------------------------------------------------ open / read / write
 

@@ -325,15 +325,31 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
                 txn.put(b"next_journal", _k(1), db=self.db_meta)
 
     def _rolled_back(self) -> None:
+        """Every inode the failed write wrote is read again as it is on disk -- INTO the
+        object callers hold (a fresh object beside it let a caller's later write of the
+        old one, or a retried removal, disagree with what ``get`` returned) -- and
+        ``on_reload`` puts back what is kept only in memory.  Never raises: it runs
+        while the write's own error is on its way."""
         written, self._written = self._written, set()
-        reloaded = [ino for ino in written if self._cache.pop(ino, None) is not None]
         self._subdirs.clear()
         self._staged = None
-        if self.on_reload is not None:
-            for ino in reloaded:            # read again as it is on disk
-                inode = self.maybe_get(ino)
-                if inode is not None:
-                    self.on_reload(inode)
+        for ino in written:
+            cached = self._cache.get(ino)
+            if cached is None:
+                continue
+            try:
+                with self.env.begin() as txn:
+                    raw = txn.get(_k(ino), db=self.db_inodes)
+                if raw is None:                 # made by the failed write: not there
+                    del self._cache[ino]
+                    continue
+                vars(cached).update(vars(Inode.decode(raw)))
+                if self.on_reload is not None:
+                    self.on_reload(cached)
+            except Exception as exc:  # noqa: BLE001  (the write's error goes on)
+                log.error("inode %d could not be read again after a failed write (%s): "
+                          "it is read from disk at its next use", ino, exc)
+                self._cache.pop(ino, None)
 
     def _committed(self) -> None:
         self._written.clear()
