@@ -336,9 +336,10 @@ class Names:
             if self.st.ns.lookup(parent_ino, name) != inode.ino:
                 return
             parent = self.st.ns.get(parent_ino)
+            local_step: Callable[[], None] | None = None
             if inode.published and not inode.links_pending and self.st._deferred() \
                     and not inode.link_id:
-                self._log_delete(inode, parent, name)
+                local_step = functools.partial(self._log_delete, inode, parent, name)
             elif inode.type == "dir" and inode.published:
                 key = entry_key(dir_id_of(parent), name)
                 if not await self.removals.remove_dir(key, self.entries._identity(inode)["ident"]):
@@ -349,10 +350,15 @@ class Names:
                 if inode.link_id:
                     await self.entries._change_nlink(inode, -1)
             elif self.st._deferred():
-                self.release_held(inode, parent, name)
+                local_step = functools.partial(self.release_held, inode, parent, name)
             else:
                 await self.delete_held(inode, parent, name)
-            self._unlink_locally(inode, parent, name)
+            # Async: the log record and the removal are one commit -- a record that
+            # landed alone deleted in the store a name the unlink said it kept (ENOSPC).
+            with self.st.ns.batch():
+                if local_step is not None:
+                    local_step()
+                self._unlink_locally(inode, parent, name)
         self.st._drop_rt(inode.ino)
         if not inode.parent and not self.st._is_open(inode.ino):
             self.publisher._delete_inode(inode)

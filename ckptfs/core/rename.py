@@ -156,41 +156,58 @@ class Rename:
                       "to_name": new_name.hex(), "type": inode.type,
                       "seals": inode.type == "dir" and inode.staged,
                       **self.entries._identity(inode), "replaced": None}
-            self.held.release(inode, old_dir, old_name)
-            target_ino = self.st.ns.lookup(new_parent, new_name)
-            if target_ino is not None and target_ino != inode.ino:
-                replaced = self.st.ns.get(target_ino)
-                if replaced.published and self.held.never_closed(inode):
-                    self.held.hold(inode, new_dir, new_name, replaced)
-                elif replaced.published:
-                    record["replaced"] = self.entries._identity(replaced)
-                else:
-                    ident = self.held.hand_over(inode, replaced, new_dir, new_name)
-                    if ident is not None and inode.published:
-                        record["replaced"] = {"ident": ident}
-                self.st.ns.unlink(replaced, new_parent, new_name)
-                if not replaced.parent and not self.st._is_open(replaced.ino):
-                    self.publisher._delete_inode(replaced)
-            self.st._touch_dir(old_parent)
-            self.st._touch_dir(new_parent)
-            self.st.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
-            self.names._mark_parent_changed(old_dir)
-            if new_parent != old_parent:
-                self.names._mark_parent_changed(self.st.ns.get(new_parent))
-            seq = self.st.oplog.add(record, dirs=[old_parent, new_parent])
-            if inode.ino in self.st.queue.queued:
-                # Its pending publish writes the entry under the name it has then: not
-                # before the store has moved it there (a publish under the new name
-                # first would leave the move no source, or move an older version over
-                # the newer one).
-                self.st._publish_epoch[inode.ino] = seq
-                self.st.ns.publish_pending_add(inode.ino, seq)
-                self.st.queue.changed()     # records waiting for its older epoch look again
+            # One commit: the local rename and its log record (two let an ENOSPC between
+            # them move the name here while the store was never told).
+            with self.st.ns.batch():
+                replaced = self._move_and_log(inode, record, old_dir, old_name, new_dir,
+                                              new_name)
+            if replaced is not None and not replaced.parent and \
+                    not self.st._is_open(replaced.ino):
+                self.publisher._delete_inode(replaced)
         for ino in inos + [inode.ino]:
             self.st._drop_rt(ino)
         self.st._sync_journal_soon()
         if inode.type == "file" and not self.st._writers(inode.ino):
             self.seals._seals_after_close(inode, wait=False)
+
+    @no_await
+    def _move_and_log(self, inode: Inode, record: dict, old_dir: Inode, old_name: bytes,
+                      new_dir: Inode, new_name: bytes) -> Inode | None:
+        """The local half of an async rename and its log record, inside the caller's
+        batch (no await); the inode it replaced, or None."""
+        old_parent, new_parent = old_dir.ino, new_dir.ino
+        self.held.release(inode, old_dir, old_name)
+        replaced = None
+        target_ino = self.st.ns.lookup(new_parent, new_name)
+        if target_ino is not None and target_ino != inode.ino:
+            replaced = self.st.ns.get(target_ino)
+            if replaced.published and self.held.never_closed(inode):
+                self.held.hold(inode, new_dir, new_name, replaced)
+            elif replaced.published:
+                record["replaced"] = self.entries._identity(replaced)
+            else:
+                ident = self.held.hand_over(inode, replaced, new_dir, new_name)
+                if ident is not None and inode.published:
+                    record["replaced"] = {"ident": ident}
+            self.st.ns.unlink(replaced, new_parent, new_name)
+        self.st._touch_dir(old_parent)
+        self.st._touch_dir(new_parent)
+        self.st.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
+        self.names._mark_parent_changed(old_dir)
+        if new_parent != old_parent:
+            self.names._mark_parent_changed(new_dir)
+        seq = self.st.oplog.add(record, dirs=[old_parent, new_parent])
+        if inode.ino in self.st.queue.queued:
+            # Its pending publish writes the entry under the name it has then: not
+            # before the store has moved it there (a publish under the new name first
+            # would leave the move no source, or move an older version over the newer).
+            self.st.ns.publish_pending_add(inode.ino, seq)
+
+            def epoch() -> None:
+                self.st._publish_epoch[inode.ino] = seq
+                self.st.queue.changed()   # records waiting for its older epoch look again
+            self.st.ns.after_commit(epoch)
+        return replaced
 
     def _refuse_move_into_itself(self, moving: Inode, dest: int) -> None:
         if moving.type != "dir":
