@@ -17,12 +17,18 @@ TORN_MKDIR = {"rules": [{"op": "put_if_absent", "prefix": "dirs/", "kind": "torn
                          "times": 1}]}
 
 
+def faulty_mount(store, make_mount, tmp_path, durability):
+    """A mount whose fault plan is empty until the test writes ``control``."""
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    return make_mount(store, durability=durability,
+                      faults={"control_file": str(control)}), control
+
+
 @pytest.mark.parametrize("durability", ["async", "sync"])
 def test_a_mkdir_whose_entry_put_was_torn_keeps_its_name(store, make_mount, tmp_path,
                                                          durability):
-    control = tmp_path / "faults.json"
-    control.write_text(json.dumps({"rules": []}))
-    mnt = make_mount(store, durability=durability, faults={"control_file": str(control)})
+    mnt, control = faulty_mount(store, make_mount, tmp_path, durability)
     control.write_text(json.dumps(TORN_MKDIR))
     os.mkdir(mnt.path / "d1")
     (mnt.path / "d1/f").write_bytes(b"kept")
@@ -39,9 +45,7 @@ def test_a_mkdir_whose_entry_put_was_torn_keeps_its_name(store, make_mount, tmp_
 @pytest.mark.parametrize("durability", ["async", "sync"])
 def test_a_rename_whose_new_entry_put_was_torn_lands(store, make_mount, tmp_path,
                                                      durability):
-    control = tmp_path / "faults.json"
-    control.write_text(json.dumps({"rules": []}))
-    mnt = make_mount(store, durability=durability, faults={"control_file": str(control)})
+    mnt, control = faulty_mount(store, make_mount, tmp_path, durability)
     (mnt.path / "f").write_bytes(b"checkpoint")
     run_ckptfs("wait", str(mnt.path), check=True)
     control.write_text(json.dumps(TORN_MKDIR))

@@ -189,13 +189,9 @@ class FaultProxy:
         sock = conn.client
         sock.settimeout(30)
         while not conn.closed:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                piece = sock.recv(65536)
-                if not piece:
-                    self._close(conn, rst=False)
-                    return
-                head += piece
+            head = self._read_head(conn)
+            if head is None:
+                return
             header, _, rest = head.partition(b"\r\n\r\n")
             fields = {}
             for line in header.split(b"\r\n")[1:]:
@@ -218,16 +214,23 @@ class FaultProxy:
             break
         self._close(conn, rst=False)
 
-    def _tear(self, conn: _Conn) -> None:
-        sock = conn.client
-        sock.settimeout(30)
+    def _read_head(self, conn: _Conn) -> bytes | None:
+        """A request's head (and whatever came with it), or None once the client closed
+        (the connection is closed then)."""
         head = b""
         while b"\r\n\r\n" not in head:
-            piece = sock.recv(65536)
+            piece = conn.client.recv(65536)
             if not piece:
                 self._close(conn, rst=False)
-                return
+                return None
             head += piece
+        return head
+
+    def _tear(self, conn: _Conn) -> None:
+        conn.client.settimeout(30)
+        head = self._read_head(conn)
+        if head is None:
+            return
         upstream = socket.create_connection(("127.0.0.1", self.target_port))
         upstream.sendall(head.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
         # The server reads the head (and may say 100 Continue, read here: a close with

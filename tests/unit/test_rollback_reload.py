@@ -20,6 +20,7 @@ from ckptfs.procstat import Opener
 from ckptfs.store import MemoryStore
 from support.core import open_core
 from test_state_dir_full import DISK_FULL, commit_fails
+from test_state_dir_reserve import read_all
 
 WRITE_NEW = os.O_WRONLY | os.O_CREAT
 
@@ -37,14 +38,6 @@ def run(tmp_path, durability: str, body, reserve: RoomReserve | None = None) -> 
                              reserve=reserve) as fs:
             await body(fs, store)
     trio.run(main)
-
-
-async def read_all(fs, ino: int) -> bytes:
-    handle = await fs.open(ino, os.O_RDONLY, Opener.from_tid(os.getpid()))
-    try:
-        return await fs.read(handle.fh, 0, 1 << 20)
-    finally:
-        await fs.release(handle.fh)
 
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
