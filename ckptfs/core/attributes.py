@@ -74,15 +74,22 @@ class Attributes:
             if mtime_ns is not None:
                 inode.mtime_ns = mtime_ns
             inode.ctime_ns = time.time_ns()
-            self.st.ns.save(inode)
-            if mtime_ns is not None and rt.session is not None:
-                self._stamp_working_version(ino, rt.session.ver, mtime_ns)
             # Attributes ride with the next publish of a closed version; a working
             # version is never published by a metadata change.
             metadata = mode is not None or uid is not None or gid is not None \
                 or mtime_ns is not None
-            if metadata and inode.published and not inode.dirty and inode.parent \
-                    and ino != ROOT_INO:
+            publish = metadata and inode.published and not inode.dirty and \
+                bool(inode.parent) and ino != ROOT_INO
+            logged = publish and self.st._deferred() and not inode.link_id
+            # Async: the change and its log record are one commit (two let an ENOSPC
+            # between them keep a change the caller was told failed, here only).
+            with self.st.ns.batch():
+                self.st.ns.save(inode)
+                if logged:
+                    self._log_attributes(inode)
+            if mtime_ns is not None and rt.session is not None:
+                self._stamp_working_version(ino, rt.session.ver, mtime_ns)
+            if publish and not logged:
                 await self._publish_attributes(inode)
         self.st._drop_rt(ino)
         if self.st._deferred():
@@ -153,6 +160,9 @@ class Attributes:
         if not self.st._deferred() or inode.link_id:
             await self.entries._rewrite_entry(inode)
             return
+        self._log_attributes(inode)
+
+    def _log_attributes(self, inode: Inode) -> None:
         parent = self.st.ns.get(inode.parent)
         self.st.oplog.add({"kind": "attrs", "ino": inode.ino, "parent_id": parent.dir_id,
                         "name": inode.name.hex()}, dirs=[parent.ino])

@@ -6,6 +6,7 @@ never told (found by a review of the reload fix)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -60,4 +61,19 @@ def test_an_unlink_that_fails_to_commit_removes_nothing(tmp_path, failing):
         await fs.wait_idle()
         with pytest.raises(NotFound):
             store.get("dirs/root/f0")
+    run(tmp_path, body)
+
+
+def test_a_chmod_that_fails_to_commit_changes_nothing(tmp_path):
+    async def body(fs, store) -> None:
+        ino = await closed_file(fs, b"f0", b"checkpoint")
+        mode = fs.getattr(ino).mode
+        with commit_fails(fs.ns, "journal_add", error=DISK_FULL), pytest.raises(FsError):
+            await fs.setattr(ino, mode=0o600)
+        assert fs.getattr(ino).mode == mode
+        await fs.wait_idle()
+        assert json.loads(store.get("dirs/root/f0")[0])["mode"] == mode
+        await fs.setattr(ino, mode=0o600)                        # and then it can
+        await fs.wait_idle()
+        assert json.loads(store.get("dirs/root/f0")[0])["mode"] == 0o600
     run(tmp_path, body)
