@@ -170,6 +170,23 @@ class EntryIO:
             inode.links_pending = False
             self.st.ns.save(inode)
 
+    async def unput(self, key: str, etag: str, what: str) -> None:
+        """Take back an entry this node just put, whose local half failed."""
+        try:
+            await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
+        except (FsError, StoreError) as exc:
+            log.warning("%s failed here but its entry %s stays in the store: %s", what, key,
+                        exc)
+
+    async def unput_link(self, inode: Inode, key: str, etag: str) -> None:
+        """Take back a link's entry and count, put before its local half failed."""
+        await self.unput(key, etag, "link")
+        try:
+            await self._change_nlink(inode, -1)
+        except (FsError, StoreError) as exc:
+            log.warning("link failed here but the link count of %s stays one higher in "
+                        "the store: %s", inode.link_id, exc)
+
     async def _change_nlink(self, inode: Inode, delta: int) -> None:
         """Count a name more or less in a hard-linked inode's object (compare-and-swap
         on its ETag); the object goes with its last name."""

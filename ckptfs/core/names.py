@@ -180,17 +180,9 @@ class Names:
             self.st.ns.attach(inode, self.st.ns.get(parent), name)
         except FsError:
             if created:     # ours alone so far: the store forgets it too
-                await self._unput_mkdir(key, created)
+                await self.entries.unput(key, created, "mkdir")
             raise
         return bool(created)
-
-    async def _unput_mkdir(self, key: str, etag: str) -> None:
-        """Take back a directory entry this node just put, whose local half failed."""
-        try:
-            await self.entries._store(functools.partial(self.st.store.delete, key, if_match=etag))
-        except (FsError, StoreError) as exc:
-            log.warning("mkdir failed here but its entry %s stays in the store: %s", key,
-                        exc)
 
     async def _mkdir_local(self, parent: Inode, name: bytes, mode: int, uid: int,
                            gid: int, dir_id: str) -> Inode:
@@ -217,30 +209,48 @@ class Names:
                       gid: int) -> Inode:
         await self._check_absent(parent, name)
         self.st._touch_dir(parent)
-        inode = self.st.ns.new_inode(parent, name, "symlink", 0o777, uid, gid, target=target,
-                                  size=len(target))
-        return await self._publish_new_name(inode, parent)
+        return await self._publish_new_name(parent, name, functools.partial(
+            self.st.ns.new_inode, parent, name, "symlink", 0o777, uid, gid, target=target,
+            size=len(target)))
 
-    async def _publish_new_name(self, inode: Inode, parent: int) -> Inode:
-        """Put the entry of a name that has no data (symlink, special file, empty file):
-        if the store refuses, the name goes again.  Async mode: the name is here at
-        once and its entry is a record of the metadata log (``_exec_put``), after the
-        records before it (a rename over the same name still pending must not land
-        after it and overwrite it)."""
-        if self.st._deferred():
-            parent_inode = self.st.ns.get(parent)
-            self.st.oplog.add({"kind": "put", "ino": inode.ino, "parent_id": parent_inode.dir_id,
-                            "name": inode.name.hex()}, dirs=[parent])
+    async def _publish_new_name(self, parent: int, name: bytes,
+                                make: Callable[[], Inode]) -> Inode:
+        """Make a name with no data (symlink, special file) with ``make``; the inode,
+        name, parent's times and async log record (``_exec_put``, in log order) are one
+        commit.  Sync: a failed PUT, or one not recorded here, takes it all back (a
+        failed call made nothing: an audit found such names kept here)."""
+        parent_inode = self.st.ns.get(parent)
+        times = parent_inode.mtime_ns, parent_inode.ctime_ns
+        with self.st.ns.batch():
+            inode = make()
+            if self.st._deferred():
+                self.st.oplog.add({"kind": "put", "ino": inode.ino,
+                                   "parent_id": parent_inode.dir_id, "name": name.hex()},
+                                  dirs=[parent])
             self._mark_parent_changed(parent_inode)
+        if self.st._deferred():
             self.st._sync_journal_soon()
             return inode
+        key = entry_key(dir_id_of(parent_inode), name)
+        etag: str | None = None
         try:
-            await self.entries._put_entry(inode)
+            etag = await self.entries._store(self.st.store.put, key,
+                                             self.entries._entry_of(inode).to_json())
+            inode.remote_etag, inode.published = etag, True
+            self.st.ns.save(inode)
         except BaseException:
-            self.st.ns.unlink(inode)
-            self.st.ns.delete_inode(inode.ino)
+            if etag is not None:        # in the store, but not recorded here
+                await self.entries.unput(key, etag, "the new name")
+
+            def undo() -> None:
+                with self.st.ns.batch():
+                    self.st.ns.unlink(inode)
+                    self.st.ns.delete_inode(inode.ino)
+                    parent_inode.mtime_ns, parent_inode.ctime_ns = times
+                    self.st.ns.save(parent_inode)
+            self.st.ns.with_room(undo)      # a removal that must land (a full disk)
             raise
-        self._mark_parent_changed(self.st.ns.get(parent))
+        await self.entries.landed(key)
         return inode
 
     async def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int,
@@ -259,8 +269,8 @@ class Names:
         await self._check_absent(parent, name)
         self.st._dir(parent)
         self.st._touch_dir(parent)
-        inode = self.st.ns.new_inode(parent, name, kind, mode, uid, gid, rdev=rdev)
-        return await self._publish_new_name(inode, parent)
+        return await self._publish_new_name(parent, name, functools.partial(
+            self.st.ns.new_inode, parent, name, kind, mode, uid, gid, rdev=rdev))
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int,
@@ -395,26 +405,34 @@ class Names:
                 raise FsError.enoent("the file was removed")
             if self.st.ns.lookup(new_parent, new_name) is not None:
                 raise FsError(errno.EEXIST)
+            created: str | None = None
+            key = entry_key(dir_id_of(new_dir), new_name)
             if inode.published and not inode.links_pending:
                 if not inode.link_id:
                     await self.entries._make_linked(inode)
                 await self.entries._change_nlink(inode, +1)
-                key = entry_key(dir_id_of(new_dir), new_name)
                 created = await self.entries.put_new(key,
                                                      self.entries._entry_of(inode).to_json())
                 if not created:
                     await self.entries._change_nlink(inode, -1)
                     raise FsError(errno.EEXIST)
                 await self.entries.landed(key)
-            else:
-                # Not published yet (a first version still being written, or queued in
-                # async mode): its first publish writes the object and every name.
-                if not inode.link_id:
-                    self.st.ns.set_link_id(inode, uuid.uuid4().hex)
-                inode.links_pending = True
-            self.st._touch_dir(new_parent)
-            self.st.ns.add_name(inode, new_parent, new_name)
-            self._mark_parent_changed(self.st.ns.get(new_parent))
+            # Name, link id of a file not published yet (its first publish writes the
+            # object and every name) and parent's times: one commit; if it fails, a
+            # name already in the store goes again (an audit found it kept there).
+            try:
+                with self.st.ns.batch():
+                    if created is None:
+                        if not inode.link_id:
+                            self.st.ns.set_link_id(inode, uuid.uuid4().hex)
+                        inode.links_pending = True
+                    self.st._touch_dir(new_parent)
+                    self.st.ns.add_name(inode, new_parent, new_name)
+                    self._mark_parent_changed(self.st.ns.get(new_parent))
+            except BaseException:
+                if created is not None:
+                    await self.entries.unput_link(inode, key, created)
+                raise
         self.st._drop_rt(ino)
         return self.st.ns.get(ino)
 

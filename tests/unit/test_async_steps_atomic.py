@@ -13,9 +13,11 @@ import pytest
 import trio
 
 from ckptfs.core import Config
+from ckptfs.procstat import Opener
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, NotFound
+from ckptfs.store.faults import FaultInjectingStore, FaultPlan, FaultRule
 from support.core import open_core
 from test_state_dir_full import DISK_FULL, closed_file, commit_fails
 
@@ -77,3 +79,93 @@ def test_a_chmod_that_fails_to_commit_changes_nothing(tmp_path):
         await fs.wait_idle()
         assert json.loads(store.get("dirs/root/f0")[0])["mode"] == 0o600
     run(tmp_path, body)
+
+
+# symlink, mknod and link were audited after the fixes above (stop 39): each made its
+# local change, its log record and its parent's times in separate commits.
+
+
+def _absent(store, key: str) -> bool:
+    try:
+        store.get(key)
+    except NotFound:
+        return True
+    return False
+
+
+async def _make(fs, kind: str, name: bytes) -> None:
+    if kind == "symlink":
+        await fs.symlink(ROOT_INO, name, b"target", 0, 0)
+    else:
+        await fs.mknod(ROOT_INO, name, 0o010644, 0, 0, 0)       # a FIFO
+
+
+@pytest.mark.parametrize("failing", ["journal_add", "save"])
+@pytest.mark.parametrize("kind", ["symlink", "mknod"])
+def test_a_new_name_that_fails_to_commit_is_made_nowhere(tmp_path, kind, failing):
+    async def body(fs, store) -> None:
+        # "save": the parent's new times are the failing write.
+        with commit_fails(fs.ns, failing, lambda *a: failing != "save" or a[0].ino == ROOT_INO,
+                          error=DISK_FULL), pytest.raises(FsError):
+            await _make(fs, kind, b"n0")
+        assert fs.ns.lookup(ROOT_INO, b"n0") is None
+        await fs.wait_idle()
+        assert _absent(store, "dirs/root/n0")
+        await _make(fs, kind, b"n0")                             # and then it can
+        await fs.wait_idle()
+        assert store.get("dirs/root/n0")[0]
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("failing", ["add_name", "save"])
+@pytest.mark.parametrize("published", [True, False])
+def test_a_hard_link_that_fails_to_commit_is_made_nowhere(tmp_path, published, failing):
+    async def body(fs, store) -> None:
+        if published:
+            ino = await closed_file(fs, b"f0", b"checkpoint")
+            handle = None
+        else:
+            handle, inode = await fs.create(ROOT_INO, b"f0", 0o644, os.O_WRONLY | os.O_CREAT,
+                                            0, 0, Opener.from_tid(os.getpid()))
+            ino = inode.ino
+            await fs.write(handle.fh, 0, b"checkpoint")
+        with commit_fails(fs.ns, failing, lambda *a: failing != "save" or a[0].ino == ROOT_INO,
+                          error=DISK_FULL), pytest.raises(FsError):
+            await fs.link(ino, ROOT_INO, b"f1")
+        assert fs.ns.lookup(ROOT_INO, b"f1") is None
+        assert fs.getattr(ino).nlink == 1
+        if handle is not None:
+            await fs.flush(handle.fh)
+            await fs.release(handle.fh)
+        await fs.wait_idle()
+        assert _absent(store, "dirs/root/f1")
+        await fs.link(ino, ROOT_INO, b"f1")                      # and then it can
+        await fs.wait_idle()
+        assert store.get("dirs/root/f1")[0]
+        assert fs.getattr(ino).nlink == 2
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("failing", ["store", "save"])
+@pytest.mark.parametrize("kind", ["symlink", "mknod"])
+def test_a_sync_new_name_that_fails_is_made_nowhere(tmp_path, kind, failing):
+    """Sync mode: the name is here before its PUT; a refused PUT takes it and the
+    parent's new times back; so does a PUT that landed but could not be recorded here
+    (its entry is deleted again)."""
+    async def main() -> None:
+        plan = FaultPlan(rules=[FaultRule(op="put", prefix="dirs/root/n0", kind="denied")]
+                         if failing == "store" else [])
+        store = FaultInjectingStore(MemoryStore(), plan)
+        async with open_core(tmp_path / "state", store, Config(durability="sync")) as fs:
+            before = fs.getattr(ROOT_INO).mtime_ns
+            with commit_fails(fs.ns, "save", lambda inode, *a: failing == "save" and
+                              inode.name == b"n0", error=DISK_FULL), pytest.raises(FsError):
+                await _make(fs, kind, b"n0")
+            assert fs.ns.lookup(ROOT_INO, b"n0") is None
+            assert fs.getattr(ROOT_INO).mtime_ns == before
+            assert _absent(store, "dirs/root/n0")
+            plan.rules.clear()
+            await _make(fs, kind, b"n0")                         # and then it can
+            assert store.get("dirs/root/n0")[0]
+            assert fs.getattr(ROOT_INO).mtime_ns > before
+    trio.run(main)
