@@ -215,10 +215,9 @@ class Names:
 
     async def _publish_new_name(self, parent: int, name: bytes,
                                 make: Callable[[], Inode]) -> Inode:
-        """Make a name with no data (symlink, special file) with ``make``; the inode,
-        name, parent's times and async log record (``_exec_put``, in log order) are one
-        commit.  Sync: a failed PUT, or one not recorded here, takes it all back (a
-        failed call made nothing: an audit found such names kept here)."""
+        """A name with no data (symlink, special file) made by ``make``, parent's times
+        and async log record (``_exec_put``) in one commit; sync: undone if its PUT
+        fails or is not recorded here (an audit found such failed names kept)."""
         parent_inode = self.st.ns.get(parent)
         times = parent_inode.mtime_ns, parent_inode.ctime_ns
         with self.st.ns.batch():
@@ -323,8 +322,6 @@ class Names:
         if inode.type == "dir":
             raise FsError(errno.EISDIR)
         await self._remove(inode, parent, name)
-        if self.st._deferred():
-            self.st._sync_journal_soon()
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         inode = await self.lookup(parent, name)
@@ -334,8 +331,6 @@ class Names:
         if self.st.ns.has_children(inode.ino):
             raise FsError(errno.ENOTEMPTY)
         await self._remove(inode, parent, name)
-        if self.st._deferred():
-            self.st._sync_journal_soon()
 
     async def _remove(self, inode: Inode, parent_ino: int, name: bytes) -> None:
         # Under the inode's lock: an entry PUT in flight (a publish) lands first, then
@@ -346,6 +341,7 @@ class Names:
             if self.st.ns.lookup(parent_ino, name) != inode.ino:
                 return
             parent = self.st.ns.get(parent_ino)
+            stored = inode.published or bool(inode.held)    # sync: a store step comes
             local_step: Callable[[], None] | None = None
             if inode.published and not inode.links_pending and self.st._deferred() \
                     and not inode.link_id:
@@ -363,15 +359,19 @@ class Names:
                 local_step = functools.partial(self.release_held, inode, parent, name)
             else:
                 await self.delete_held(inode, parent, name)
-            # Async: the log record and the removal are one commit -- a record that
-            # landed alone deleted in the store a name the unlink said it kept (ENOSPC).
-            with self.st.ns.batch():
-                if local_step is not None:
+            if local_step is not None:      # async: the log record and removal, one commit
+                with self.st.ns.batch():
                     local_step()
-                self._unlink_locally(inode, parent, name)
+                    self._unlink_locally(inode, parent, name)
+            else:       # sync: what the store has removed, here must follow
+                self.st.record_store_change(
+                    lambda: self._unlink_locally(inode, parent, name) or True,
+                    [parent.ino], f"removal of {name!r}", stored)
         self.st._drop_rt(inode.ino)
         if not inode.parent and not self.st._is_open(inode.ino):
             self.publisher._delete_inode(inode)
+        if self.st._deferred():
+            self.st._sync_journal_soon()
 
     @no_await
     def _unlink_locally(self, inode: Inode, parent: Inode, name: bytes) -> None:

@@ -309,6 +309,8 @@ class Rename:
             new_key = entry_key(dir_id_of(new_dir), new_name)
             remote = target if target is not None and target.published and \
                 not target.links_pending else None     # a replaced name the store has
+            stored = bool(inode.published and not inode.links_pending or inode.held or
+                          remote is not None)       # the store steps change something
             if inode.published and not inode.links_pending:
                 await self.moves.move_entry(inode, old_key, new_key, seals)
             else:
@@ -323,7 +325,10 @@ class Rename:
             if remote is not None and remote.link_id:
                 # The replaced name was one link of a shared inode: count it out.
                 await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
-            sealed_here = self._move_locally(inode, old_dir, old, new_parent, new_name, seals)
+            # What the store has moved, here must follow (one commit).
+            sealed_here = self.st.record_store_change(
+                lambda: self._move_locally(inode, old_dir, old, new_parent, new_name, seals),
+                [old_dir.ino, new_parent], f"rename of {old[1]!r}", stored)
         if target is not None:
             self.st._drop_rt(target.ino)
         if sealed_here:

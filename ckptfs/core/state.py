@@ -314,6 +314,32 @@ class CoreState:
     def _touch_dir(self, ino: int) -> None:
         self.dir_marks.touch(ino)
 
+    def record_store_change(self, local: Callable[[], bool], dirs: list[int],
+                            what: str, stored: bool) -> bool:
+        """The local half, one commit, of a sync removal or rename.  ``stored``: the
+        store has made the change already; then the commit must land -- on a full disk
+        the state dir's reserve is given up for it -- and if it still cannot, the change
+        stands all the same (the store holds the truth: answering ENOSPC would tell the
+        caller a removed checkpoint is still there); ``dirs`` are listed again at their
+        next lookup, which shows it, and the log says so.  ``local``'s result, False if
+        it did not land."""
+        def commit() -> bool:
+            with self.ns.batch():
+                return local()
+        if not stored:
+            return commit()     # nothing happened anywhere yet: a failure is the answer
+        try:
+            return self.ns.with_room(commit)
+        except FsError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                raise
+            log.warning("%s: done in the store, but not recorded here (%s); the next "
+                        "lookup lists the directory again", what, exc)
+            for ino in dirs:
+                self._touch_dir(ino)
+                self.ns.get(ino).listed_at = 0.0     # not listed yet: wait for it
+            return False
+
     def _dir(self, ino: int) -> Inode:
         inode = self.ns.get(ino)
         if inode.type != "dir":

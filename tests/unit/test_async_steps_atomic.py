@@ -6,6 +6,7 @@ never told (found by a review of the reload fix)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -20,6 +21,7 @@ from ckptfs.store import MemoryStore, NotFound
 from ckptfs.store.faults import FaultInjectingStore, FaultPlan, FaultRule
 from support.core import open_core
 from test_state_dir_full import DISK_FULL, closed_file, commit_fails
+from test_state_dir_reserve import read_all
 
 
 def run(tmp_path, body) -> None:
@@ -168,4 +170,37 @@ def test_a_sync_new_name_that_fails_is_made_nowhere(tmp_path, kind, failing):
             await _make(fs, kind, b"n0")                         # and then it can
             assert store.get("dirs/root/n0")[0]
             assert fs.getattr(ROOT_INO).mtime_ns > before
+    trio.run(main)
+
+
+@pytest.mark.parametrize("op", ["unlink", "rmdir", "rename"])
+def test_a_sync_change_the_store_made_stands_when_it_fails_to_commit_here(tmp_path, op):
+    """Sync mode: once the store has removed or moved the name, the change has happened
+    (the store holds the truth): a local record that fails to commit (a full disk) must
+    not answer ENOSPC -- the caller would believe a removed checkpoint is still there --
+    and the node shows the store's state at its next lookup.  Before: ENOSPC, the name
+    still here, gone from the store."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with open_core(tmp_path / "state", store, Config(durability="sync")) as fs:
+            if op == "rmdir":
+                await fs.mkdir(ROOT_INO, b"f0", 0o755, 0, 0)
+            else:
+                await closed_file(fs, b"f0", b"checkpoint")
+            with commit_fails(fs.ns, "move" if op == "rename" else "unlink",
+                              error=DISK_FULL):
+                if op == "rename":
+                    await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+                elif op == "rmdir":
+                    await fs.rmdir(ROOT_INO, b"f0")
+                else:
+                    await fs.unlink(ROOT_INO, b"f0")
+            assert _absent(store, "dirs/root/f0")
+            with pytest.raises(FsError) as gone:
+                await fs.lookup(ROOT_INO, b"f0")
+            assert gone.value.errno == errno.ENOENT
+            if op == "rename":
+                assert store.get("dirs/root/f1")[0]
+                moved = await fs.lookup(ROOT_INO, b"f1")
+                assert await read_all(fs, moved.ino) == b"checkpoint"
     trio.run(main)
