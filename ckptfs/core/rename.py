@@ -262,18 +262,28 @@ class Rename:
                 seq = self.st.ns.journal_add({"op": "exchange", "steps": steps})
                 await self.st._sync_journal()
                 await self._finish_exchange(steps)
-                self.st.ns.journal_done(seq)
-                self.st.ns.exchange(a, (a_parent, a_name), b, (b_parent, b_name))
-                for ino in (a.ino, b.ino):
-                    inode = self.st.ns.get(ino)
-                    if inode.published and not inode.link_id:
-                        inode.remote_etag = None   # read again before the next rewrite
-                        self.st.ns.save(inode)
-                self.names._mark_parent_changed(self.st.ns.get(a_parent))
-                if b_parent != a_parent:
-                    self.names._mark_parent_changed(self.st.ns.get(b_parent))
+                # What the store has swapped, here must follow (one commit).
+                self.st.record_store_change(
+                    functools.partial(self._exchange_locally, seq, a, (a_parent, a_name), b,
+                                      (b_parent, b_name)),
+                    [a_parent, b_parent], f"exchange of {a_name!r}", a_remote or b_remote)
         self.st._drop_rt(a.ino)
         self.st._drop_rt(b.ino)
+
+    @no_await
+    def _exchange_locally(self, seq: int, a: Inode, a_at: tuple[int, bytes], b: Inode,
+                          b_at: tuple[int, bytes]) -> bool:
+        self.st.ns.journal_done(seq)
+        self.st.ns.exchange(a, a_at, b, b_at)
+        for ino in (a.ino, b.ino):
+            inode = self.st.ns.get(ino)
+            if inode.published and not inode.link_id:
+                inode.remote_etag = None   # read again before the next rewrite
+                self.st.ns.save(inode)
+        self.names._mark_parent_changed(self.st.ns.get(a_at[0]))
+        if b_at[0] != a_at[0]:
+            self.names._mark_parent_changed(self.st.ns.get(b_at[0]))
+        return True
 
     async def _finish_exchange(self, steps: list) -> None:
         """Write each key's new entry (or delete it when its new object was never

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from ckptfs.core import Config
+from ckptfs.core.state import RENAME_EXCHANGE
 from ckptfs.procstat import Opener
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
@@ -173,7 +174,7 @@ def test_a_sync_new_name_that_fails_is_made_nowhere(tmp_path, kind, failing):
     trio.run(main)
 
 
-@pytest.mark.parametrize("op", ["unlink", "rmdir", "rename"])
+@pytest.mark.parametrize("op", ["unlink", "rmdir", "rename", "exchange"])
 def test_a_sync_change_the_store_made_stands_when_it_fails_to_commit_here(tmp_path, op):
     """Sync mode: once the store has removed or moved the name, the change has happened
     (the store holds the truth): a local record that fails to commit (a full disk) must
@@ -187,14 +188,23 @@ def test_a_sync_change_the_store_made_stands_when_it_fails_to_commit_here(tmp_pa
                 await fs.mkdir(ROOT_INO, b"f0", 0o755, 0, 0)
             else:
                 await closed_file(fs, b"f0", b"checkpoint")
-            with commit_fails(fs.ns, "move" if op == "rename" else "unlink",
-                              error=DISK_FULL):
-                if op == "rename":
+            if op == "exchange":
+                await closed_file(fs, b"f1", b"other")
+            failing = {"rename": "move", "exchange": "exchange"}.get(op, "unlink")
+            with commit_fails(fs.ns, failing, error=DISK_FULL):
+                if op == "exchange":
+                    await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", RENAME_EXCHANGE)
+                elif op == "rename":
                     await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
                 elif op == "rmdir":
                     await fs.rmdir(ROOT_INO, b"f0")
                 else:
                     await fs.unlink(ROOT_INO, b"f0")
+            if op == "exchange":
+                for name, data in ((b"f0", b"other"), (b"f1", b"checkpoint")):
+                    inode = await fs.lookup(ROOT_INO, name)
+                    assert await read_all(fs, inode.ino) == data
+                return
             assert _absent(store, "dirs/root/f0")
             with pytest.raises(FsError) as gone:
                 await fs.lookup(ROOT_INO, b"f0")
