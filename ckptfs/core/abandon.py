@@ -50,6 +50,8 @@ class Abandon:
         for handle in filter(None, map(self.st.handles.get, session.handles)):
             handle.wrote = False
         if inode.published or inode.dirty:
+            if session.closed_mtime_ns is not None:
+                inode.mtime_ns = session.closed_mtime_ns   # the truncating open's went
             self.restore_size(inode)
         elif inode.parent:
             for parent, name in inode.names:   # every name: it never had a closed version

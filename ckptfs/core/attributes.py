@@ -6,10 +6,10 @@ import errno
 import logging
 import os
 import time
-
+from dataclasses import dataclass
 
 from ..errors import FsError
-from ..meta.namespace import ROOT_INO, Inode
+from ..meta.namespace import ROOT_INO, Inode, Namespace
 from ..format.remote import (XATTR_TOTAL_MAX,
                      BadEntry, check_xattr_name, xattrs_size)
 
@@ -23,6 +23,37 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Before:
+    """An inode's attributes before a setattr, to put back when its rewrite in the store
+    failed."""
+
+    mode: int
+    uid: int
+    gid: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    remote_etag: str | None
+
+    @classmethod
+    def of(cls, inode: Inode) -> "_Before":
+        return cls(inode.mode, inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns,
+                   inode.ctime_ns, inode.remote_etag)
+
+    def restore(self, ns: Namespace, ino: int) -> None:
+        """The attributes as they were.  So is the ETag known: the rewrite may have
+        landed with its answer lost, or taken another node's newer entry on its way
+        (``_adopt_newer``); either way the store's entry is not the one known before,
+        and the next listing takes it, with its attributes."""
+        inode = ns.get(ino)
+        inode.mode, inode.uid, inode.gid = self.mode, self.uid, self.gid
+        inode.atime_ns, inode.mtime_ns, inode.ctime_ns = \
+            self.atime_ns, self.mtime_ns, self.ctime_ns
+        inode.remote_etag = self.remote_etag
+        ns.save(inode)
 
 
 class Attributes:
@@ -63,6 +94,7 @@ class Attributes:
         rt = self.st._rt(ino)
         async with rt.lock:
             inode = self.st.ns.get(ino)
+            before = _Before.of(inode)
             if mode is not None:
                 inode.mode = mode & 0o7777
             if uid is not None:
@@ -87,10 +119,17 @@ class Attributes:
                 self.st.ns.save(inode)
                 if logged:
                     self._log_attributes(inode)
+            if publish and not logged:
+                try:
+                    await self._publish_attributes(inode)
+                except BaseException:
+                    # Not in the store (EIO): not here either -- kept, this node showed
+                    # it while every other node showed the old one, and nothing sent it.
+                    before.restore(self.st.ns, ino)
+                    raise
             if mtime_ns is not None and rt.session is not None:
                 self._stamp_working_version(ino, rt.session.ver, mtime_ns)
-            if publish and not logged:
-                await self._publish_attributes(inode)
+                rt.session.closed_mtime_ns = mtime_ns
         self.st._drop_rt(ino)
         if self.st._deferred():
             self.st._sync_journal_soon()

@@ -56,6 +56,8 @@ class WritePath:
 
     def _start_session(self, inode: Inode, rt: Runtime, ver: int) -> Session:
         session = rt.session = Session(ver=ver, tracker=ChunkTracker(self.st.config.chunk_size))
+        current = self.st.ns.maybe_get(inode.ino)
+        session.closed_mtime_ns = (current or inode).mtime_ns
         session.tracker.seq_end = -1
         return session
 

@@ -63,9 +63,33 @@ def describe(data: bytes, known: dict[str, str]) -> str:
 # --------------------------------------------------------------------------- observing
 
 
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Every file the test creates is opened with this mode (write_file, BgWriter, save):
+# what it gets is that less the umask, on every node.
+CREATE_MODE = 0o644
+NEW_FILE_MODE = CREATE_MODE & ~umask()
+
+
+def save(path: Path, content: bytes) -> None:
+    """Create or overwrite (O_TRUNC) ``path`` with ``content`` and close it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CREATE_MODE)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Observation:
-    """One mount's tree: path -> ("dir",) | ("file", bytes) | ("error", errno name)."""
+    """One mount's tree: path -> ("dir",) | ("file", bytes, mode, mtime_ns) | ("error",
+    errno name); mode is ``st_mode & 0o7777``."""
 
     tree: dict[str, tuple]
     unstable: str = ""      # a name vanished while walking: look again
@@ -100,7 +124,8 @@ def observe(root: Path) -> Observation:
             else:
                 try:
                     with open(root / child, "rb") as f:
-                        tree[child] = ("file", f.read())
+                        tree[child] = ("file", f.read(), st.st_mode & 0o7777,
+                                       st.st_mtime_ns)
                 except FileNotFoundError:
                     return f"{child} vanished before reading"
                 except OSError as exc:
@@ -111,12 +136,24 @@ def observe(root: Path) -> Observation:
     return Observation(tree, why)
 
 
+def same(want: tuple | None, seen: tuple | None) -> bool:
+    """Whether what a mount shows of a path is what the model wants there: a file's
+    mtime is checked only where the model knows it (set by utime, not written since)."""
+    if want is None or seen is None or want[0] != "file" or want[3] is not None:
+        return want == seen
+    return seen[0] == "file" and seen[:3] == want[:3]
+
+
+def matches(seen: dict[str, tuple], want: dict[str, tuple]) -> bool:
+    return seen.keys() == want.keys() and all(same(want[p], seen[p]) for p in want)
+
+
 # --------------------------------------------------------------------------- writers
 
 WRITER_SCRIPT = r"""
 import os, subprocess, sys
 sys.path.insert(0, sys.argv[1])
-from model_support import PIECE, version_bytes
+from model_support import CREATE_MODE, PIECE, version_bytes
 path, vid, size = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 data = version_bytes(vid, size)
 pos = 0
@@ -124,7 +161,7 @@ def say(*words):
     sys.stdout.write(" ".join(str(w) for w in words) + "\n")
     sys.stdout.flush()
 try:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CREATE_MODE)
 except OSError as exc:
     say("err", exc.errno)
     sys.exit(1)
@@ -214,6 +251,10 @@ class FileState:
     # other mounts go on showing under its name until its own closed version lands
     # (DESIGN.md promise 2: a name changes only when a closed version lands there).
     held: bytes | None = None
+    mode: int = NEW_FILE_MODE        # permission bits (st_mode & 0o7777)
+    mtime: int | None = None         # the closed version's mtime_ns, when set by utime
+    held_mode: int = NEW_FILE_MODE   # ... and those of the held version
+    held_mtime: int | None = None
 
 
 def parent_of(path: str) -> str:
@@ -276,11 +317,11 @@ class Model:
                 continue
             f = self.files[v]
             if f.wmount == mount:
-                out[path] = ("file", f.pending[:f.written])
+                out[path] = ("file", f.pending[:f.written], f.mode, None)
             elif f.content is not None:
-                out[path] = ("file", f.content)
+                out[path] = ("file", f.content, f.mode, f.mtime)
             elif f.held is not None:
-                out[path] = ("file", f.held)
+                out[path] = ("file", f.held, f.held_mode, f.held_mtime)
         return out
 
     def partials(self, mount: int) -> set[bytes]:
@@ -302,7 +343,7 @@ class Model:
             self.files[self.next_fid] = FileState(content)
             self.next_fid += 1
         else:
-            self.files[v].content = content
+            self.files[v].content, self.files[v].mtime = content, None
         return 0
 
     def open_writer(self, path: str, mount: int, pending: bytes) -> int:
@@ -319,7 +360,7 @@ class Model:
     def close_writer(self, fid: int) -> None:
         f = self.files[fid]
         f.content, f.wmount, f.pending, f.written = f.pending, None, b"", 0
-        f.held = None
+        f.held, f.mtime = None, None
         if self.path_of(fid) is None:
             del self.files[fid]
 
@@ -329,7 +370,8 @@ class Model:
         f.wmount, f.pending, f.written = None, b"", 0
         path = self.path_of(fid)
         if f.content is None and f.held is not None and path is not None:
-            f.content, f.held = f.held, None     # the name shows what it held again
+            # the name shows what it held again
+            f.content, f.mode, f.mtime, f.held = f.held, f.held_mode, f.held_mtime, None
         elif f.content is None:
             if path is not None:
                 del self.tree[path]
@@ -343,6 +385,24 @@ class Model:
             return errno.ENOENT
         old = self.files[fid].content or b""
         self.files[fid].content = old[:size] + b"\0" * max(0, size - len(old))
+        self.files[fid].mtime = None
+        return 0
+
+    def chmod(self, path: str, mode: int) -> int:
+        """(Only a file's mode is modelled: a directory's changes and is not checked.)"""
+        v = self.tree.get(path)
+        if v is None and not self.is_dir(path):
+            return errno.ENOENT
+        if v is not None and v != DIR:
+            self.files[v].mode = mode & 0o7777
+        return 0
+
+    def utime(self, path: str, mtime_ns: int) -> int:
+        v = self.tree.get(path)
+        if v is None and not self.is_dir(path):
+            return errno.ENOENT
+        if v is not None and v != DIR:
+            self.files[v].mtime = mtime_ns
         return 0
 
     def unlink(self, path: str) -> int:
@@ -400,8 +460,12 @@ class Model:
         if dv is not None:
             replaced = self.files[dv]
             if moving.content is None:       # no closed version yet: the name holds on
-                moving.held = replaced.content if replaced.content is not None \
-                    else replaced.held
+                if replaced.content is not None:
+                    moving.held, moving.held_mode, moving.held_mtime = \
+                        replaced.content, replaced.mode, replaced.mtime
+                else:
+                    moving.held, moving.held_mode, moving.held_mtime = \
+                        replaced.held, replaced.held_mode, replaced.held_mtime
             del self.tree[dst]
             self._drop(dv)
         self.tree[dst] = self.tree.pop(src)

@@ -6,9 +6,11 @@ mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held open a
 steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh node replacing
 one, gc, pairs of operations racing on the two nodes, one node racing itself (renames
 over fresh targets and back, lstat after each), a byte rotting in a node's chunk cache,
-and outages of the store both nodes share (refuse, 403, 503, hang) with steps going on
-during them.  Every daemon runs under a low descriptor limit.  After every step what each
-mount shows (listing + content of every file) must be a state the model allows:
+chmod and utime (an explicit mtime) of closed files, and outages of the store both nodes
+share (refuse, 403, 503, hang) with steps going on during them.  Every daemon runs under
+a low descriptor limit.  After every step what each mount shows (listing + content and
+permission bits of every file, and its mtime where a utime set it and nothing wrote it
+since) must be a state the model allows:
 
 - safety, at every observation: every file's content is exactly ONE closed version
   (never a mix, never the torn bytes of a killed or still-open writer) -- except on the
@@ -18,7 +20,9 @@ mount shows (listing + content of every file) must be a state the model allows:
   overwritten/renamed/unlinked is lost, names follow renames and unlinks -- except
   that a file renamed before its first close over one with a closed version leaves the
   name showing that version to other nodes until its own lands (DESIGN.md promise 2;
-  the name's last version comes back if its writer is killed);
+  the name's last version comes back if its writer is killed); a file's mode is the one
+  it was created with (0o644 less the umask) or last chmodded to, kept by a save over
+  it, carried by a rename;
 - the node that made a step shows it at once (POSIX on one node);
 - after racing operations, every node converges to the result of one of their two
   serial orders;
@@ -68,8 +72,8 @@ from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
 from support.logcheck import bad_records, daemon_logs
 from support.posix import fill_file_system
 from support.proxy import FaultProxy
-from model_support import (PIECE, BgWriter, Model, Observation, describe, digest,
-                           observe, parent_of, version_bytes)
+from model_support import (CREATE_MODE, PIECE, BgWriter, Model, Observation, describe,
+                           digest, matches, observe, parent_of, same, save, version_bytes)
 
 # Taken out of the environment: the daemons this test starts inherit it, and ckptfs
 # refuses unknown CKPTFS_* settings.
@@ -91,6 +95,11 @@ SKIP = set(filter(None, _KNOBS.get("CKPTFS_MODEL_SKIP", "").split(",")))
 CHUNK = "64K"                      # small chunks: multi-chunk files stay small
 SIZES = [0, 100, PIECE, 40_000, 70_000, 140_000]
 TRUNCATE_SIZES = [0, 10, 5_000, 65_536, 70_000, 150_000]
+# What ``file_attrs`` sets: permission bits (no set-id bits: the kernel's rules for
+# clearing them are not the daemon's), and mtimes to the nanosecond.
+MODES = [0o400, 0o600, 0o640, 0o644, 0o664, 0o700, 0o755, 0o1755]
+MTIMES = [0, 1_000_000_000_123_456_789, 1_700_000_000_000_000_001,
+          2_000_000_000_999_999_999]
 FILE_NAMES = ["f0", "f1", "f2"]
 DIR_NAMES = ["d0", "d1"]
 # A mount must reach the model within this (kernel entry/attr cache + listing TTL, plus
@@ -425,7 +434,7 @@ class ModelMachine(RuleBasedStateMachine):
         lines = []
         for path in sorted(set(want) | set(obs.tree)):
             w, o = want.get(path), obs.tree.get(path)
-            if w == o:
+            if same(w, o):
                 continue
             lines.append(f"    {path!r}: expected {self.show(w)}, shows {self.show(o)}")
         if obs.unstable:
@@ -436,7 +445,9 @@ class ModelMachine(RuleBasedStateMachine):
         if seen is None:
             return "nothing"
         if seen[0] == "file":
-            return describe(seen[1], self.closed)
+            _, data, mode, mtime = seen
+            return (f"{describe(data, self.closed)}, mode {mode:04o}"
+                    f"{'' if mtime is None else f', mtime_ns {mtime}'}")
         return " ".join(str(s) for s in seen)
 
     def check(self, acting: int | None) -> None:
@@ -455,7 +466,7 @@ class ModelMachine(RuleBasedStateMachine):
                 continue
             obs = self.stable_observe(i)
             self.safety(i, obs, [self.model])
-            if i == acting and obs.tree != self.model.view(i):
+            if i == acting and not matches(obs.tree, self.model.view(i)):
                 self.fail(f"mount {'AB'[i]} does not show its own step:\n"
                           f"{self.diff(i, obs, self.model)}")
 
@@ -480,12 +491,13 @@ class ModelMachine(RuleBasedStateMachine):
                 self.safety(i, obs, models)
                 seen[i] = obs
                 if first and i == acting and len(models) == 1 and \
-                        obs.tree != models[0].view(i):
+                        not matches(obs.tree, models[0].view(i)):
                     self.fail(f"mount {'AB'[i]} does not show its own step:\n"
                               f"{self.diff(i, obs, models[0])}")
             first = False
             matching = [m for m in models
-                        if all(not o.unstable and o.tree == m.view(i) for i, o in seen.items())]
+                        if all(not o.unstable and matches(o.tree, m.view(i))
+                               for i, o in seen.items())]
             now = time.monotonic()
             if matching and now >= settle_until:
                 self.model = matching[0]
@@ -569,7 +581,7 @@ class ModelMachine(RuleBasedStateMachine):
                    data) -> None:
         self.note(f"{'AB'[m]}: save {path} = {label} ({len(content)} B, {how})")
         target = self.abs(m, path)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, CREATE_MODE)
         try:
             split = len(content)
             if how != "plain":
@@ -621,6 +633,50 @@ class ModelMachine(RuleBasedStateMachine):
         self.model.truncate(path, size)
         content = self.model.files[self.model.fid_at(path)].content
         self.closed_version(content, f"{path} truncated to {size}")
+        self.check(m)
+
+    # ------------------------------------------------------------------ rules: attributes
+
+    def closed_files(self, m: int) -> list[str]:
+        """Files with a closed version that no writer holds open."""
+        return [p for p in self.free_files(m)
+                if self.model.files[self.model.fid_at(p)].content is not None]
+
+    @precondition(lambda self: self.model.file_paths() and "attrs" not in SKIP)
+    @rule(data=st.data(), m=st.integers(0, 1),
+          what=st.sampled_from(["chmod", "chmod", "utime"]))
+    def file_attrs(self, data, m, what):
+        """chmod, or os.utime to an explicit mtime, of a closed file: its node shows it at
+        once, every node converges to it; a save over the file keeps its mode, a rename
+        carries it.  In a sync store fault (or with the state dir full) it goes through
+        ``fault_act``: it succeeds, or fails with EIO and then happened or not, never
+        half; async, it succeeds on its node and lands after the outage."""
+        outage = self.fault is not None and (self.sync or self.fault == "full")
+        if outage:
+            if self.fault == "full":
+                m = self.full_node
+            if max(len(self.candidates), *map(len, self.node_candidates)) > MAX_CANDIDATES:
+                return
+        elif not self.before_step(m):
+            return
+        path = self.pick(data, self.closed_files(m), "path")
+        if path is None:
+            return
+        if what == "chmod":
+            mode = data.draw(st.sampled_from(MODES), label="mode")
+            op, text = ("chmod", path, mode), f"chmod {mode:04o} {path}"
+        else:
+            mtime = data.draw(st.sampled_from(MTIMES), label="mtime_ns")
+            op, text = ("utime", path, mtime), f"utime {path} mtime_ns={mtime}"
+        if outage:
+            self.fault_act(m, op, text)
+            return
+        self.note(f"{'AB'[m]}: {text}")
+        self.do(m, op)
+        assert self.model.apply(op) == 0
+        if self.fault is not None:
+            # async: a change made in the outage is pending like a closed file
+            self.fault_saved.setdefault(m, set()).add(self.model.fid_at(path))
         self.check(m)
 
     # ------------------------------------------------------------------ rules: names
@@ -960,15 +1016,14 @@ class ModelMachine(RuleBasedStateMachine):
                 return
             op = ("rmdir", path)
             text = f"rmdir {path}"
+        self.fault_act(m, op, text)
+
+    def fault_act(self, m: int, op: tuple, text: str) -> None:
+        """``op`` on node ``m`` during a sync store fault or with its state dir full: what
+        each node and the store may be in afterwards (``after_fault_step``)."""
         self.note(f"{'AB'[m]}: {text} ({'state dir full' if self.fault == 'full' else 'store away'})")
         try:
-            if op[0] == "write":
-                with open(self.abs(m, op[1]), "wb") as f:
-                    f.write(op[2])
-            elif op[0] == "rename":
-                os.rename(self.abs(m, op[1]), self.abs(m, op[2]))
-            else:
-                getattr(os, op[0])(self.abs(m, op[1]))
+            self.do(m, op)
             result = 0
         except OSError as exc:
             result = exc.errno
@@ -988,6 +1043,20 @@ class ModelMachine(RuleBasedStateMachine):
         self.model = self.candidates[-1]
         for i, mount in enumerate(self.mounts):
             self.safety(i, observe(mount.path), self.candidates + self.node_candidates[i])
+
+    def do(self, m: int, op: tuple) -> None:
+        """The model operation ``op`` (``Model.apply``'s) on node ``m``'s mount."""
+        kind, path, *args = op
+        if kind == "write":
+            save(self.abs(m, path), args[0])
+        elif kind == "rename":
+            os.rename(self.abs(m, path), self.abs(m, args[0]))
+        elif kind == "chmod":
+            os.chmod(self.abs(m, path), args[0])
+        elif kind == "utime":
+            os.utime(self.abs(m, path), ns=(args[0], args[0]))
+        else:
+            getattr(os, kind)(self.abs(m, path))
 
     @staticmethod
     def after_fault_step(models: list[Model], op: tuple, result: int,
@@ -1114,8 +1183,7 @@ class ModelMachine(RuleBasedStateMachine):
         for n in range(rounds):
             vid, content = self.new_version(100)
             self.closed_version(content, f"v{vid}")
-            with open(b, "wb") as f:
-                f.write(content)
+            save(b, content)
             os.chmod(b, 0o600)
             os.lchown(b, os.getuid(), os.getgid())
             for old, new, x, y in ((a, b, src, dst), (b, a, dst, src)):
@@ -1191,8 +1259,7 @@ class ModelMachine(RuleBasedStateMachine):
                 elif op[0] == "rename":
                     os.rename(self.abs(i, op[1]), self.abs(i, op[2]))
                 else:
-                    with open(self.abs(i, op[1]), "wb") as f:
-                        f.write(op[2])
+                    save(self.abs(i, op[1]), op[2])
                 results[i] = "ok"
             except OSError as exc:
                 results[i] = errno.errorcode.get(exc.errno, str(exc))
