@@ -50,8 +50,6 @@ class Abandon:
         for handle in filter(None, map(self.st.handles.get, session.handles)):
             handle.wrote = False
         if inode.published or inode.dirty:
-            if session.closed_mtime_ns is not None:
-                inode.mtime_ns = session.closed_mtime_ns   # the truncating open's went
             self.restore_size(inode)
         elif inode.parent:
             for parent, name in inode.names:   # every name: it never had a closed version
@@ -84,7 +82,9 @@ class Abandon:
                       self.st._path_for_log(inode), exc.reason)
 
     def restore_size(self, inode: Inode) -> None:
-        """The size of the last closed version, saved."""
+        """The size (and mtime) of the last closed version, saved."""
+        if inode.closed_mtime_ns is not None:     # a write session's mtime goes
+            inode.mtime_ns, inode.closed_mtime_ns = inode.closed_mtime_ns, None
         if inode.dirty or inode.local_copy:
             try:
                 inode.size = self.st.staging.size(inode.ino, inode.ver)

@@ -129,7 +129,7 @@ class Attributes:
                     raise
             if mtime_ns is not None and rt.session is not None:
                 self._stamp_working_version(ino, rt.session.ver, mtime_ns)
-                rt.session.closed_mtime_ns = mtime_ns
+                inode.closed_mtime_ns = mtime_ns    # the closed version's too
         self.st._drop_rt(ino)
         if self.st._deferred():
             self.st._sync_journal_soon()

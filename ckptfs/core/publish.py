@@ -177,6 +177,7 @@ class Publish:
         inode.dirty = True
         inode.local_copy = True
         inode.size = size
+        inode.closed_mtime_ns = None        # this version is the closed one now
         self.st.ns.save(inode)
         self.st.ns.after_commit(lambda: self._committed(inode, rt, session, prev, old))
 

@@ -147,9 +147,6 @@ class Session:
     handles: set[int] = field(default_factory=set)
     wrote: bool = False     # anything to publish (a write, O_TRUNC, a create)
     failed: int = 0         # errno of a failed write: this session never publishes
-    # The closed version's mtime, shown again if this session is abandoned (a killed
-    # writer); an mtime set meanwhile (utime) is the closed version's too.
-    closed_mtime_ns: int | None = None
 
 
 @dataclass

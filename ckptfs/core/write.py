@@ -56,8 +56,9 @@ class WritePath:
 
     def _start_session(self, inode: Inode, rt: Runtime, ver: int) -> Session:
         session = rt.session = Session(ver=ver, tracker=ChunkTracker(self.st.config.chunk_size))
-        current = self.st.ns.maybe_get(inode.ino)
-        session.closed_mtime_ns = (current or inode).mtime_ns
+        current = self.st.ns.maybe_get(inode.ino) or inode
+        # Saved with the session's first save of the inode (a truncating open's).
+        current.closed_mtime_ns = inode.closed_mtime_ns = current.mtime_ns
         session.tracker.seq_end = -1
         return session
 

@@ -92,6 +92,10 @@ class Inode:
     # publish overwrites it) or the name is removed here; a killed writer leaves it.
     # [directory id, name (hex), identity of the entry].
     held: list[list[str]] = field(default_factory=list)
+    # Files: the last closed version's mtime while a write session may have changed
+    # ``mtime_ns`` (a truncating open saves its own): shown again when the session is
+    # abandoned -- by a killed writer, or by the next run after a daemon crash.
+    closed_mtime_ns: int | None = None
 
     @property
     def st_mode(self) -> int:

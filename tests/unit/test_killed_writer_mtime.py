@@ -46,3 +46,32 @@ def test_a_killed_writer_leaves_the_closed_version_s_mtime(tmp_path, durability,
                 inode = node.fs.getattr(await node.resolve("f0"))
                 assert (name, inode.size, inode.mtime_ns) == (name, 2, want)
     trio.run(main)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_writer_open_when_the_daemon_died_leaves_the_closed_version_s_mtime(
+        tmp_path, durability):
+    """The same after a daemon crash: the next run abandons the never-closed working
+    version, and the file shows its closed version's mtime again -- the node kept the
+    truncating open's, which the crash had left in its records (the model test's helper
+    found it: utime f0, a writer opens f0, the node's daemon is SIGKILLed)."""
+    from support.core import Core, open_core
+
+    async def main() -> None:
+        store = MemoryStore()
+        config = Config(durability=durability)
+        async with open_core(tmp_path, store, config) as fs:
+            core = Core(fs, store)
+            ino = await core.save(ROOT_INO, b"f0", b"v1")
+            await fs.setattr(ino, mtime_ns=SET)
+            await fs.wait_idle()
+            handle = await fs.open(ino, WRITE_NEW & ~os.O_CREAT, me())
+            await fs.write(handle.fh, 0, b"partial bytes")
+            assert fs.getattr(ino).mtime_ns != SET
+            # The daemon dies here: its writer's handle is never released.
+        async with open_core(tmp_path, store, config) as fs:
+            core = Core(fs, store)
+            inode = fs.getattr(await core.resolve("f0"))
+            assert (inode.size, inode.mtime_ns) == (2, SET)
+            assert await core.load(inode.ino) == b"v1"
+    trio.run(main)
