@@ -389,20 +389,19 @@ class Model:
         return 0
 
     def chmod(self, path: str, mode: int) -> int:
-        """(Only a file's mode is modelled: a directory's changes and is not checked.)"""
-        v = self.tree.get(path)
-        if v is None and not self.is_dir(path):
-            return errno.ENOENT
-        if v is not None and v != DIR:
-            self.files[v].mode = mode & 0o7777
-        return 0
+        return self._set_attr(path, "mode", mode & 0o7777)
 
     def utime(self, path: str, mtime_ns: int) -> int:
+        return self._set_attr(path, "mtime", mtime_ns)
+
+    def _set_attr(self, path: str, attr: str, value: int) -> int:
+        """(Only a file's attributes are modelled: a directory's change and are not
+        checked.)"""
         v = self.tree.get(path)
         if v is None and not self.is_dir(path):
             return errno.ENOENT
         if v is not None and v != DIR:
-            self.files[v].mtime = mtime_ns
+            setattr(self.files[v], attr, value)
         return 0
 
     def unlink(self, path: str) -> int:
