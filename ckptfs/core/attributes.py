@@ -37,11 +37,12 @@ class _Before:
     mtime_ns: int
     ctime_ns: int
     remote_etag: str | None
+    closed_mtime_ns: int | None
 
     @classmethod
     def of(cls, inode: Inode) -> "_Before":
         return cls(inode.mode, inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns,
-                   inode.ctime_ns, inode.remote_etag)
+                   inode.ctime_ns, inode.remote_etag, inode.closed_mtime_ns)
 
     def restore(self, ns: Namespace, ino: int) -> None:
         """The attributes as they were.  So is the ETag known: the rewrite may have
@@ -52,7 +53,7 @@ class _Before:
         inode.mode, inode.uid, inode.gid = self.mode, self.uid, self.gid
         inode.atime_ns, inode.mtime_ns, inode.ctime_ns = \
             self.atime_ns, self.mtime_ns, self.ctime_ns
-        inode.remote_etag = self.remote_etag
+        inode.remote_etag, inode.closed_mtime_ns = self.remote_etag, self.closed_mtime_ns
         ns.save(inode)
 
 
@@ -106,6 +107,8 @@ class Attributes:
             if mtime_ns is not None:
                 inode.mtime_ns = mtime_ns
             inode.ctime_ns = time.time_ns()
+            if mtime_ns is not None and rt.session is not None:
+                inode.closed_mtime_ns = mtime_ns    # the closed version's too (saved)
             # Attributes ride with the next publish of a closed version; a working
             # version is never published by a metadata change.
             metadata = mode is not None or uid is not None or gid is not None \
@@ -129,7 +132,6 @@ class Attributes:
                     raise
             if mtime_ns is not None and rt.session is not None:
                 self._stamp_working_version(ino, rt.session.ver, mtime_ns)
-                inode.closed_mtime_ns = mtime_ns    # the closed version's too
         self.st._drop_rt(ino)
         if self.st._deferred():
             self.st._sync_journal_soon()

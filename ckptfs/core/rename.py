@@ -356,7 +356,9 @@ class Rename:
             replaced = self.st.ns.get(target_ino)
             self.st.ns.unlink(replaced, new_parent, new_name)
             if not replaced.parent and not self.st._is_open(replaced.ino):
-                self.publisher._delete_inode(replaced)
+                # Its staging files go only once the move is committed (a failed
+                # commit shows it again, named).
+                self.st.ns.after_commit(lambda: self.publisher._delete_inode(replaced))
         self.st.ns.move(inode, new_parent, new_name, old=old)
         self.names._mark_parent_changed(old_dir)
         if new_parent != old_dir.ino:
