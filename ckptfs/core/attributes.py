@@ -38,11 +38,13 @@ class _Before:
     ctime_ns: int
     remote_etag: str | None
     closed_mtime_ns: int | None
+    attrs_unsent: bool
 
     @classmethod
     def of(cls, inode: Inode) -> "_Before":
         return cls(inode.mode, inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns,
-                   inode.ctime_ns, inode.remote_etag, inode.closed_mtime_ns)
+                   inode.ctime_ns, inode.remote_etag, inode.closed_mtime_ns,
+                   inode.attrs_unsent)
 
     def restore(self, ns: Namespace, ino: int) -> None:
         """The attributes as they were.  So is the ETag known: the rewrite may have
@@ -54,6 +56,7 @@ class _Before:
         inode.atime_ns, inode.mtime_ns, inode.ctime_ns = \
             self.atime_ns, self.mtime_ns, self.ctime_ns
         inode.remote_etag, inode.closed_mtime_ns = self.remote_etag, self.closed_mtime_ns
+        inode.attrs_unsent = self.attrs_unsent
         ns.save(inode)
 
 
@@ -102,6 +105,7 @@ class Attributes:
                 inode.uid = uid
             if gid is not None:
                 inode.gid = gid
+            inode.attrs_unsent |= any(v is not None for v in (mode, uid, gid))  # till sent
             if atime_ns is not None:
                 inode.atime_ns = atime_ns
             if mtime_ns is not None:
@@ -178,6 +182,7 @@ class Attributes:
                     raise FsError(errno.ENOSPC, f"extended attributes over "
                                                 f"{XATTR_TOTAL_MAX} bytes")
             inode.xattrs = after
+            unsent_before, inode.attrs_unsent = inode.attrs_unsent, True    # until they land
             inode.ctime_ns = time.time_ns()
             self.st.ns.save(inode)
             if inode.published and not inode.dirty and inode.parent:
@@ -185,7 +190,7 @@ class Attributes:
                     await self._publish_attributes(inode)
                 except BaseException:
                     inode = self.st.ns.get(ino)
-                    inode.xattrs = before
+                    inode.xattrs, inode.attrs_unsent = before, unsent_before
                     self.st.ns.save(inode)
                     raise
         self.st._drop_rt(ino)

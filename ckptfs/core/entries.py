@@ -137,11 +137,46 @@ class EntryIO:
             return
         parent = self.st.ns.get(inode.parent)
         key = entry_key(dir_id_of(parent), inode.name)
-        etag = await self._store(self.st.store.put, key, self._entry_of(inode).to_json())
+        # A compare-and-swap on the entry this node knows: a save over a file keeps
+        # what another node changed of its attributes since (``_keep_attributes``).
+        known = inode.remote_etag if inode.published else None
+        for _ in range(8):
+            put = functools.partial(self.st.store.put, key, self._entry_of(inode).to_json(),
+                                    if_match=known)
+            try:
+                etag = await self._store(put)
+                break
+            except PreconditionFailed:
+                known = await self._keep_attributes(inode, key)
+        else:
+            raise FsError(errno.EIO, f"{key} keeps changing; not published")
         inode.remote_etag = etag
         inode.published = True
+        inode.attrs_unsent = False
         self.st.ns.save(inode)
         await self.landed(key)
+
+    async def _keep_attributes(self, inode: Inode, key: str) -> str | None:
+        """The entry under ``key`` changed since this node's view of it.  A save over a
+        file keeps the mode, owner and ``user.*`` attributes the store's file has now
+        (another node's chmod, which that node was told is saved, stays), as POSIX
+        keeps them across an ``O_TRUNC`` write -- unless this node changed its own since
+        (``attrs_unsent``): the later change is then this node's.  The content and mtime
+        are this save's whatever the store has (the last close wins, decision 0005).
+        Returns the ETag to write over; None where the name is gone (the save writes it
+        again, as before)."""
+        try:
+            body, etag = await self._store(self.st.store.get, key)
+        except NotFound:
+            return None
+        try:
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry:
+            return etag         # written over, as an unconditional save did
+        if entry.type == "file" and not inode.attrs_unsent:
+            inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
+            inode.xattrs = dict(entry.xattrs)
+        return etag
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
@@ -322,7 +357,7 @@ class EntryIO:
                 inode.remote_etag = await self._store(
                     functools.partial(self.st.store.put, key,
                                       self._content_entry(inode).to_json(), if_match=etag))
-                inode.published = True
+                inode.published, inode.attrs_unsent = True, False
                 self.st.ns.save(inode)
                 return
             except PreconditionFailed:

@@ -96,6 +96,10 @@ class Inode:
     # ``mtime_ns`` (a truncating open saves its own): shown again when the session is
     # abandoned -- by a killed writer, or by the next run after a daemon crash.
     closed_mtime_ns: int | None = None
+    # Mode, owner or ``user.*`` attributes changed here and not yet in the store (they
+    # ride with the next publish or attribute record): a publish that finds another
+    # node's newer entry keeps these rather than taking that entry's (entries.py).
+    attrs_unsent: bool = False
 
     @property
     def st_mode(self) -> int:

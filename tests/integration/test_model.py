@@ -1217,6 +1217,8 @@ class ModelMachine(RuleBasedStateMachine):
         for f in files:
             ops.append(("unlink", f))
             ops.append(("write", f, 40_000))
+            ops.append(("chmod", f, MODES[len(ops) % len(MODES)]))
+            ops.append(("utime", f, MTIMES[len(ops) % len(MTIMES)]))
             for g in files + self.new_file_paths():
                 if g != f:
                     ops.append(("rename", f, g))
@@ -1245,7 +1247,8 @@ class ModelMachine(RuleBasedStateMachine):
                 texts.append(f"save {op[1]} = v{vid} ({op[2]} B)")
             else:
                 model_ops.append(op)
-                texts.append(" ".join(op))
+                texts.append(" ".join(f"{x:04o}" if op[0] == "chmod" and isinstance(x, int)
+                                      else str(x) for x in op))
         self.note(f"race: A {texts[0]} || B {texts[1]}")
         barrier = threading.Barrier(2)
         results: list[str] = ["", ""]
@@ -1254,12 +1257,7 @@ class ModelMachine(RuleBasedStateMachine):
             op = model_ops[i]
             barrier.wait()
             try:
-                if op[0] == "unlink":
-                    os.unlink(self.abs(i, op[1]))
-                elif op[0] == "rename":
-                    os.rename(self.abs(i, op[1]), self.abs(i, op[2]))
-                else:
-                    save(self.abs(i, op[1]), op[2])
+                self.do(i, op)
                 results[i] = "ok"
             except OSError as exc:
                 results[i] = errno.errorcode.get(exc.errno, str(exc))

@@ -1,0 +1,89 @@
+"""A save over a file keeps the mode, owner and ``user.*`` attributes another node gave
+it, like any POSIX filesystem keeps them across an ``O_TRUNC`` write.
+
+A node that still had the old entry in view (within its listing TTL) published its
+new content with the old mode: the entry PUT was unconditional and carried the whole
+entry, so a chmod another node had just made -- and been told was saved -- was undone
+everywhere.  The model test's race step left chmod out because of it.
+
+What this node changed itself and has not sent yet (a chmod of a closed, not yet
+published version) still rides with its publish: that is the newer intention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import trio
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import two_cores
+
+TTL = 30.0      # B keeps its view of the entry for the whole test unless told
+
+
+def run(tmp_path, durability: str, body) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        config = Config(metadata_ttl=TTL, durability=durability)
+        async with two_cores(tmp_path, store, config) as (a, b):
+            await body(a, b, store)
+    trio.run(main)
+
+
+async def overwrite(node, ino: int, data: bytes, *, chmod_after_close: int | None = None
+                    ) -> None:
+    """open(O_TRUNC), write, close on ``node``: a save over an existing file."""
+    handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
+    await node.fs.write(handle.fh, 0, data)
+    await node.fs.flush(handle.fh)
+    await node.fs.release(handle.fh)
+    if chmod_after_close is not None:
+        await node.fs.setattr(ino, mode=chmod_after_close)
+
+
+def stored(store, name: str) -> dict:
+    return json.loads(store.get(f"dirs/root/{name}")[0])
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_save_from_a_node_with_an_older_view_keeps_another_nodes_chmod(
+        tmp_path, durability):
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")                       # B's view: mode 0644
+        await a.fs.setattr(ino_a, mode=0o600, uid=1234, gid=4321)
+        await a.fs.setxattr(ino_a, b"user.step", b"7")
+        await a.fs.wait_idle()
+        assert stored(store, "f0")["mode"] == 0o600
+        await overwrite(b, ino_b, b"version two, from B")   # B still sees 0644
+        await b.fs.wait_idle()
+        entry = stored(store, "f0")
+        assert entry["mode"] == 0o600, "B's save undid A's chmod"
+        assert (entry["uid"], entry["gid"]) == (1234, 4321)
+        assert entry["size"] == len(b"version two, from B")
+        assert b.fs.getattr(ino_b).mode == 0o600            # and B shows what it saved
+        assert b.fs.getxattr(ino_b, b"user.step") == b"7"
+    run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_chmod_made_here_before_the_publish_still_wins(tmp_path, durability):
+    """B chmods its own closed version before it is published: the later change is
+    B's, and it stays, over A's earlier one."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")
+        await a.fs.setattr(ino_a, mode=0o600)
+        await a.fs.wait_idle()
+        await overwrite(b, ino_b, b"version two", chmod_after_close=0o640)
+        await b.fs.wait_idle()
+        assert stored(store, "f0")["mode"] == 0o640
+        assert b.fs.getattr(ino_b).mode == 0o640
+    run(tmp_path, durability, body)
