@@ -324,10 +324,14 @@ class EntryIO:
     def _adopt_newer(self, inode: Inode, entry: Entry, etag: str) -> None:
         """Take the store's version of a file another node published after our view of
         it (never move or rewrite a stale version).  A version closed here and not yet
-        published stays: its publish comes later and is the newest."""
+        published stays: its publish comes later and is the newest.  So do attributes
+        changed here and not sent yet (``attrs_unsent``); the others are the store's."""
         if etag == inode.remote_etag:
             return
         inode.remote_etag = etag
+        if entry.type == inode.type and not inode.attrs_unsent:
+            inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
+            inode.xattrs = dict(entry.xattrs)
         if inode.link_id:
             inode.remote_nlink = entry.nlink
         if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:

@@ -87,3 +87,26 @@ def test_a_chmod_made_here_before_the_publish_still_wins(tmp_path, durability):
         assert stored(store, "f0")["mode"] == 0o640
         assert b.fs.getattr(ino_b).mode == 0o640
     run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_save_over_a_hard_linked_file_keeps_another_nodes_chmod(tmp_path, durability):
+    """The same for a file with two names: its content lives in one shared object
+    (decision 0008), rewritten by a compare-and-swap that took the other node's newer
+    object but wrote this node's old mode over it."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.link(ino_a, ROOT_INO, b"f1")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")
+        assert await b.resolve("f1") == ino_b
+        await a.fs.setattr(ino_a, mode=0o600)
+        await a.fs.wait_idle()
+        await overwrite(b, ino_b, b"version two, from B")
+        await b.fs.wait_idle()
+        link = stored(store, "f0")["inode"]
+        shared = json.loads(store.get(f"inodes/{link}")[0])
+        assert shared["size"] == len(b"version two, from B")
+        assert shared["mode"] == 0o600, "B's save undid A's chmod"
+        assert b.fs.getattr(ino_b).mode == 0o600
+    run(tmp_path, durability, body)
