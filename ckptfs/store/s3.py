@@ -144,6 +144,9 @@ class S3Store:
             return BucketMissing(f"bucket {self.bucket!r} does not exist")
         if code in ("NoSuchKey", "404", "NotFound") or (status == 404 and not code):
             return NotFound(key)
+        if code in ("ConditionalRequestConflict", "OperationAborted"):
+            # A conditional write met a concurrent one: S3 says retry.
+            return TransientStoreError(f"{code} on {key}")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                     "403", "InvalidToken", "ExpiredToken") or (status == 403 and not code):
             return AccessDenied(f"access denied by the store ({code or status}): check "
@@ -172,6 +175,17 @@ class S3Store:
 
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:
+        try:
+            return self._put(key, data, sha256, if_match)
+        except NotFound:
+            if if_match is None:
+                raise
+            # AWS S3 answers a conditional PUT on a missing key 404 NoSuchKey (SeaweedFS
+            # 412): the store's contract is PreconditionFailed, which every caller's
+            # compare-and-swap handles (it reads the entry again).
+            raise PreconditionFailed(key) from None
+
+    def _put(self, key: str, data: bytes, sha256: str | None, if_match: str | None) -> str:
         if self.direct is not None:
             done = self._via_direct(lambda d: d.put(self._k(key), data, sha256, if_match))
             if done is not _BOTO3:

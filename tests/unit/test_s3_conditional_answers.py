@@ -1,0 +1,82 @@
+"""What AWS S3 answers a conditional PUT with, as the store's terms.
+
+S3 answers a PUT with ``If-Match`` on a key that does not exist with **404 NoSuchKey**
+(SeaweedFS answers 412), and a conditional write that met a concurrent one with
+**409 ConditionalRequestConflict** ("retry").  The store's contract (``ObjectStore.put``)
+is ``PreconditionFailed`` for the first -- every compare-and-swap in the core catches that
+and reads the entry again -- and the second is transient.  Before, the 404 surfaced as
+``NotFound`` from a PUT, which no caller expects of a write, and the 409 as a permanent
+``StoreError``.  The server is a real HTTP server on loopback; both client paths (the
+direct client and boto3) are asked."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ckptfs.store import PreconditionFailed, S3Store, TransientStoreError
+
+
+def _error(code: str, message: str) -> bytes:
+    return (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code.encode()
+            + b"</Code><Message>" + message.encode() + b"</Message></Error>")
+
+
+class ConditionalS3(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        if self.headers.get("Expect", "").lower() == "100-continue":
+            self.send_response_only(100)
+            self.end_headers()
+        self.rfile.read(length)
+        if "conflict" in self.path:
+            status, body = 409, _error("ConditionalRequestConflict",
+                                       "A conflicting operation occurred. Retry.")
+        else:
+            status, body = 404, _error("NoSuchKey", "The specified key does not exist.")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def endpoint(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ConditionalS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(params=["direct", "boto3"])
+def store(request, endpoint):
+    s3 = S3Store("bucket", "prefix", endpoint)
+    if request.param == "boto3":
+        s3.direct = None
+    else:
+        assert s3.direct is not None
+    return s3
+
+
+def test_a_conditional_put_on_a_missing_key_is_a_failed_precondition(store):
+    with pytest.raises(PreconditionFailed):
+        store.put("dirs/root/gone", b"{}", if_match='"abc"')
+
+
+def test_a_conditional_put_that_met_another_is_transient(store):
+    with pytest.raises(TransientStoreError):
+        store.put("dirs/root/conflict", b"{}", if_match='"abc"')
