@@ -137,17 +137,24 @@ class EntryIO:
             return
         parent = self.st.ns.get(inode.parent)
         key = entry_key(dir_id_of(parent), inode.name)
-        # A compare-and-swap on the entry this node knows: a save over a file keeps
-        # what another node changed of its attributes since (``_keep_attributes``).
+        # A compare-and-swap on the entry this node knows (none: a new name): a save
+        # over a file keeps what another node changed of its attributes since, or made
+        # of the name meanwhile (``_keep_attributes``).
         known = inode.remote_etag if inode.published else None
         for _ in range(8):
-            put = functools.partial(self.st.store.put, key, self._entry_of(inode).to_json(),
-                                    if_match=known)
-            try:
-                etag = await self._store(put)
-                break
-            except PreconditionFailed:
-                known = await self._keep_attributes(inode, key)
+            body = self._entry_of(inode).to_json()
+            if known is None:
+                etag = await self._store(self.st.store.put_if_absent, key, body)
+                if etag:
+                    break
+            else:
+                try:
+                    etag = await self._store(functools.partial(self.st.store.put, key,
+                                                               body, if_match=known))
+                    break
+                except PreconditionFailed:
+                    pass
+            known = await self._keep_attributes(inode, key)
         else:
             raise FsError(errno.EIO, f"{key} keeps changing; not published")
         inode.remote_etag = etag

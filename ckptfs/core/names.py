@@ -297,6 +297,7 @@ class Names:
         try:
             with self.st.ns.batch():
                 inode = self.st.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
+                inode.attrs_unsent = bool(flags & os.O_EXCL)    # new: its mode stays
                 self.st.staging.create_empty(inode.ino, 1)
                 made = inode.ino
                 self.st.ns.attach(inode, parent_inode, name)

@@ -192,6 +192,7 @@ class Rename:
             self.st.ns.unlink(replaced, new_parent, new_name)
         self.st._touch_dir(old_parent)
         self.st._touch_dir(new_parent)
+        _own_attributes_where_it_lands(inode)
         self.st.ns.move(inode, new_parent, new_name, old=(old_parent, old_name))
         self.names._mark_parent_changed(old_dir)
         if new_parent != old_parent:
@@ -359,8 +360,17 @@ class Rename:
                 # Its staging files go only once the move is committed (a failed
                 # commit shows it again, named).
                 self.st.ns.after_commit(lambda: self.publisher._delete_inode(replaced))
+        _own_attributes_where_it_lands(inode)
         self.st.ns.move(inode, new_parent, new_name, old=old)
         self.names._mark_parent_changed(old_dir)
         if new_parent != old_dir.ino:
             self.names._mark_parent_changed(self.st.ns.get(new_parent))
         return sealed_here
+
+
+def _own_attributes_where_it_lands(inode: Inode) -> None:
+    """A file not in the store yet, renamed: it replaces whatever its first publish
+    finds under the new name, mode and owner included -- it takes none of that entry's
+    (``EntryIO._keep_attributes``), as a file created at the name would."""
+    if not inode.published:
+        inode.attrs_unsent = True

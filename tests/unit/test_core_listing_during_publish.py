@@ -35,7 +35,8 @@ async def test_a_name_published_while_a_listing_ran_stays(core, linked):
     await fs.wait_idle()
     await fs.listdir(d.ino)
     name = b"y" if linked else b"x"
-    publishing = store.gate("put", prefix=entry_key(d.dir_id, name))
+    publishing = store.gate("put" if linked else "put_if_absent",   # (a new name: created)
+                            prefix=entry_key(d.dir_id, name))
     uploading = store.gate("put", prefix="chunks/")
     ino = await core.save(d.ino, b"x", b"data")
     await reached(uploading)

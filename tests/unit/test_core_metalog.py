@@ -30,8 +30,10 @@ def content(store, dir_id: str, name: bytes) -> bytes:
 
 
 def ops(store, op: str, prefix: str) -> list[int]:
-    """Positions of the store's calls of ``op`` under ``prefix``, in call order."""
-    return [i for i, c in enumerate(store.calls) if c.op == op and c.key.startswith(prefix)]
+    """Positions of the store's calls of ``op`` under ``prefix``, in call order (``put``:
+    a conditional create too, as a new name's first publish is)."""
+    kinds = ("put", "put_if_absent") if op == "put" else (op,)
+    return [i for i, c in enumerate(store.calls) if c.op in kinds and c.key.startswith(prefix)]
 
 
 async def test_a_directory_rename_returns_at_once_and_lands_after_the_files(core):

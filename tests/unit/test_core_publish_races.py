@@ -22,7 +22,7 @@ def core_config() -> dict:
 
 async def test_a_save_closed_during_the_previous_versions_entry_put_is_published(core):
     fs, store = core.fs, core.store
-    gate = store.gate("put", prefix=entry_key("root", b"latest.pt"))
+    gate = store.gate("put_if_absent", prefix=entry_key("root", b"latest.pt"))
     ino = await core.save(ROOT_INO, b"latest.pt", b"c" * 100_000)
     await reached(gate)                   # the first version's entry PUT is in flight
     await core.save(ROOT_INO, b"latest.pt", b"d" * 100_000)   # the second save closes
@@ -44,7 +44,7 @@ async def test_async_publishes_of_many_small_files_run_as_many_at_once_as_upload
     removal mark GET): the queue runs ``upload_concurrency`` of them at once.  With two
     workers a copy of 1 000 small files took 11-16 s to drain."""
     fs, store = core.fs, core.store
-    gate = store.gate("put", prefix=entry_key("root", b"f"), times=7)
+    gate = store.gate("put_if_absent", prefix=entry_key("root", b"f"), times=7)
     for i in range(7):
         await core.save(ROOT_INO, f"f{i}".encode(), f"small file {i}".encode())
     with trio.fail_after(10):

@@ -88,7 +88,7 @@ async def test_refresh_during_rename_keeps_the_renamed_file_and_tree(core):
 @pytest.mark.parametrize("core_config", [{"durability": "async", "chunk_size": CS}])
 async def test_unlink_during_entry_put_does_not_resurrect(core):
     fs, store = core.fs, core.store
-    gate = store.gate("put", prefix="dirs/root/tmpfile")
+    gate = store.gate("put_if_absent", prefix="dirs/root/tmpfile")
     h, inode = await fs.create(ROOT_INO, b"tmpfile", 0o644, os.O_WRONLY | os.O_CREAT, 0,
                                0, me())
     await fs.write(h.fh, 0, b"scratch")

@@ -110,3 +110,49 @@ def test_a_save_over_a_hard_linked_file_keeps_another_nodes_chmod(tmp_path, dura
         assert shared["mode"] == 0o600, "B's save undid A's chmod"
         assert b.fs.getattr(ino_b).mode == 0o600
     run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_new_file_saved_over_a_name_another_node_just_filled_keeps_its_mode(
+        tmp_path, durability):
+    """Found by the soak (seed 1215253): A renames f1 (mode 0664) to f2 while B, whose
+    listing does not show f2 yet, creates f2 and saves into it.  In either serial
+    order f2 ends with mode 0664 (an ``O_CREAT`` open of an existing file keeps its
+    mode); B's first publish wrote its new file's 0644 over it."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f1", b"version one")
+        await a.fs.setattr(ino_a, mode=0o664)
+        await a.fs.wait_idle()
+        assert await b.names() == ["f1"]                    # B's view, kept for TTL
+        await a.fs.rename(ROOT_INO, b"f1", ROOT_INO, b"f2", 0)
+        await a.fs.wait_idle()
+        ino_b = await b.save(ROOT_INO, b"f2", b"version two, from B")
+        await b.fs.wait_idle()
+        entry = stored(store, "f2")
+        assert entry["size"] == len(b"version two, from B")
+        assert entry["mode"] == 0o664, "B's new file's mode went over the existing one's"
+        assert b.fs.getattr(ino_b).mode == 0o664
+    run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_file_renamed_over_a_name_before_its_first_close_keeps_its_own_mode(
+        tmp_path, durability):
+    """The other side of it: a new file renamed over a published name before its first
+    close (the name's old entry is held in the store until the publish) replaces that
+    file, mode and all -- it takes nothing of the entry it replaces."""
+    async def body(a, b, store) -> None:
+        await a.save(ROOT_INO, b"latest", b"old checkpoint")
+        await a.fs.wait_idle()
+        handle, inode = await a.fs.create(ROOT_INO, b"tmp", 0o600, os.O_WRONLY | os.O_CREAT,
+                                          0, 0, a.me())
+        await a.fs.write(handle.fh, 0, b"new checkpoint")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"latest", 0)
+        await a.fs.flush(handle.fh)
+        await a.fs.release(handle.fh)
+        await a.fs.wait_idle()
+        entry = stored(store, "latest")
+        assert entry["size"] == len(b"new checkpoint")
+        assert entry["mode"] == 0o600
+        assert a.fs.getattr(inode.ino).mode == 0o600
+    run(tmp_path, durability, body)

@@ -91,7 +91,7 @@ def test_a_close_that_failed_is_not_published_by_the_publish_in_flight(tmp_path,
     changed: v2 (never closed) reached the store and the file read EIO."""
     async def body(fs, store) -> None:
         me = Opener.from_tid(os.getpid())
-        held = store.gate("put", prefix="dirs/root/f")
+        held = store.gate("put_if_absent", prefix="dirs/root/f")
         first, inode = await fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, me)
         await fs.write(first.fh, 0, b"A" * 10)
 
