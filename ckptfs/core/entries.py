@@ -160,8 +160,34 @@ class EntryIO:
         inode.remote_etag = etag
         inode.published = True
         inode.attrs_unsent = False
+        inode.unsure = [u for u in inode.unsure if u[0] != key]     # answered: ours now
         self.st.ns.save(inode)
         await self.landed(key)
+
+    @no_await
+    def note_unsure(self, inode: Inode, chunks: list[tuple[str, int]]) -> None:
+        """Before a publish sends the entry of ``chunks``: recorded (and saved, with the
+        inode's published chunks as they were), so that if its answer is lost -- or
+        the daemon dies waiting for it -- a rename or removal of the name still finds
+        and deletes what landed.  Hard-linked inodes are left out (their content is
+        under an inode object no rename moves)."""
+        if inode.link_id:
+            return
+        ident = entry_identity(Entry(type="file", mode=0, size=sum(n for _, n in chunks),
+                                     chunks=list(chunks)))
+        pair = [self._key_of(inode), ident]
+        if pair not in inode.unsure:
+            inode.unsure.append(pair)
+            self.st.ns.save(inode)
+
+    @no_await
+    def take_unsure(self, inode: Inode, key: str) -> list[str]:
+        """The identities of unanswered entry PUTs under ``key``, handed to the caller
+        (a rename's or a removal's record or store step; the caller saves the inode)."""
+        taken = [ident for k, ident in inode.unsure if k == key]
+        if taken:
+            inode.unsure = [u for u in inode.unsure if u[0] != key]
+        return taken
 
     async def _keep_attributes(self, inode: Inode, key: str) -> str | None:
         """The entry under ``key`` changed since this node's view of it.  A save over a
@@ -375,10 +401,12 @@ class EntryIO:
                 etag = None
         raise FsError(errno.EIO, f"{key} keeps changing; not rewritten")
 
-    async def _delete_if_same(self, key: str, ident: str | None) -> None:
-        """Delete the entry under ``key`` if it still holds the object ``ident`` names
-        (compare-and-swap on its ETag); a newer object there stays."""
-        if not ident:
+    async def _delete_if_same(self, key: str, ident: str | None, *also: str) -> None:
+        """Delete the entry under ``key`` if it still holds the object ``ident`` (or one
+        of ``also``: entries this node sent there unanswered) names (compare-and-swap on
+        its ETag); a newer object there stays."""
+        idents = {i for i in (ident, *also) if i}
+        if not idents:
             return
         for _ in range(8):
             try:
@@ -389,7 +417,7 @@ class EntryIO:
                 entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except BadEntry:
                 return    # not ours to judge: left for gc and the log
-            if entry_identity(entry) != ident:
+            if entry_identity(entry) not in idents:
                 log.info("%s holds another object now: left as it is", key)
                 return
             try:

@@ -138,7 +138,7 @@ class Filesystem:
         self.names = Names(st, entries=self.entries, removals=self.removals,
                            refresher=self.refresher, opening=self.opening, writes=self.writes,
                            publisher=self.publisher, delete_held=self.held.delete,
-                           release_held=self.held.release)
+                           release_held=self.held.release, log_delete=self.held.log_delete)
         self.moves = EntryMoves(st, self.entries, self.removals)
         self.renames = Rename(st, entries=self.entries, names=self.names,
                               refresher=self.refresher, seals=self.seals,

@@ -8,6 +8,10 @@ entry (sync: at once; async: a ``delete`` record in log order); renamed over by 
 file, the hold goes with the name: to that file if it has no entry of its own yet,
 otherwise its own entry's move replaces the held one.
 
+The removal of a published name (async: its ``delete`` record) is here too, and every
+removal also takes the entries of the inode's own that a publish sent under the name
+and never had answered (``Inode.unsure``: they may have landed).
+
 Knows the namespace, the metadata log and entry identities; nothing of FUSE, chunks or
 renames' store protocol.
 """
@@ -98,17 +102,36 @@ class HeldEntries:
 
     def release(self, inode: Inode, parent: Inode, name: bytes) -> None:
         """Async: the name moves away or goes before a closed version landed: the entry
-        it held goes too, in log order."""
+        it held goes too, in log order -- and so does any entry of its own that a
+        publish sent there unanswered (``Inode.unsure``: it may have landed)."""
         ident = self.take(inode, parent, name)
-        if ident is not None:
+        unsure = self.entries.take_unsure(inode, entry_key(dir_id_of(parent), name))
+        if ident is not None or unsure:
             self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
-                               "name": name.hex(), "ident": ident}, dirs=[parent.ino])
+                               "name": name.hex(), "ident": ident, "unsure": unsure},
+                              dirs=[parent.ino])
+            self.st.ns.save(inode)
+
+    def log_delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
+        """Async: a published name removed here goes from the store in log order, if it
+        still holds the object this node removed (``_exec_delete``) -- or an entry of
+        its own that a publish sent there unanswered."""
+        unsure = self.entries.take_unsure(inode, entry_key(dir_id_of(parent), name))
+        self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
+                           "name": name.hex(), **self.entries._identity(inode),
+                           "unsure": unsure}, dirs=[parent.ino])
 
     async def delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
-        """Sync: as ``release``, at once."""
+        """Sync: as ``release``, at once (an unanswered entry is forgotten only once
+        the store has answered its deletion)."""
+        key = entry_key(dir_id_of(parent), name)
+        unsure = [ident for k, ident in inode.unsure if k == key]
         ident = self.take(inode, parent, name)
-        if ident is not None:
-            await self.entries._delete_if_same(entry_key(dir_id_of(parent), name), ident)
+        if ident is not None or unsure:
+            await self.entries._delete_if_same(key, ident, *unsure)
+        if unsure:
+            self.entries.take_unsure(inode, key)
+            self.st.ns.save(inode)
 
     def _add(self, inode: Inode, new_dir: Inode, new_name: bytes, ident: str,
              body: str | None = None) -> None:

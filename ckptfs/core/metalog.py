@@ -63,7 +63,8 @@ class MetaLogApply:
                     raise
                 log.info("rmdir not applied: %s (its rename comes first)", exc)
         elif kind == "delete":
-            await self.entries._delete_if_same(self._logged_key(record), record.get("ident"))
+            await self.entries._delete_if_same(self._logged_key(record), record.get("ident"),
+                                               *record.get("unsure", ()))
         elif kind == "seal":
             await self._exec_seal(seq, record)
         elif kind == "put":
@@ -251,7 +252,8 @@ class MetaLogApply:
         """The moved name was removed here since (or hard-linked: its names are then
         written by its publish): what the store has under the old name goes (its
         delete, later in the log, looks under the name it had then)."""
-        await self.entries._delete_if_same(old_key, record.get("ident"))
+        await self.entries._delete_if_same(old_key, record.get("ident"),
+                                           *record.get("unsure", ()))
         await self.entries._delete_if_same(new_key, replaced)
 
     async def _exec_put(self, record: dict) -> None:

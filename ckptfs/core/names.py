@@ -42,7 +42,8 @@ class Names:
     def __init__(self, st: CoreState, *, entries: EntryIO, removals: DirRemovals,
                  refresher: Refresh, opening: Opening, writes: WritePath, publisher: Publish,
                  delete_held: Callable[[Inode, Inode, bytes], Awaitable[None]],
-                 release_held: Callable[[Inode, Inode, bytes], None]) -> None:
+                 release_held: Callable[[Inode, Inode, bytes], None],
+                 log_delete: Callable[[Inode, Inode, bytes], None]) -> None:
         self.st = st
         self.entries = entries
         self.removals = removals
@@ -52,6 +53,7 @@ class Names:
         self.publisher = publisher
         self.delete_held = delete_held
         self.release_held = release_held
+        self.log_delete = log_delete    # async: a removed name's delete record
 
     # ------------------------------------------------------------------ lookups
 
@@ -346,7 +348,7 @@ class Names:
             local_step: Callable[[], None] | None = None
             if inode.published and not inode.links_pending and self.st._deferred() \
                     and not inode.link_id:
-                local_step = functools.partial(self._log_delete, inode, parent, name)
+                local_step = functools.partial(self.log_delete, inode, parent, name)
             elif inode.type == "dir" and inode.published:
                 key = entry_key(dir_id_of(parent), name)
                 if not await self.removals.remove_dir(key, self.entries._identity(inode)["ident"]):
@@ -380,12 +382,6 @@ class Names:
         self.st._touch_dir(parent.ino)
         self.st.ns.unlink(inode, parent.ino, name)
         self._mark_parent_changed(parent)
-
-    def _log_delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
-        """Async mode: the store's entry of a removed name goes in log order, if it is
-        still the object this node removed (``_exec_delete``)."""
-        self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
-                        "name": name.hex(), **self.entries._identity(inode)}, dirs=[parent.ino])
 
     # ------------------------------------------------------------------ hard links
 

@@ -278,6 +278,7 @@ class Publish:
                 # entry first, then this publishes again under the new name).
                 log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
+            self.entries.note_unsure(inode, chunks)     # saved before the PUT goes
             previous = inode.chunks
             inode.chunks = chunks
             try:

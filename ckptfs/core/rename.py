@@ -176,6 +176,9 @@ class Rename:
         """The local half of an async rename and its log record, inside the caller's
         batch (no await); the inode it replaced, or None."""
         old_parent, new_parent = old_dir.ino, new_dir.ino
+        # An entry of its own sent unanswered under the old name: a move finds and moves
+        # whatever is there; the record deletes it if the inode is removed first.
+        record["unsure"] = self.entries.take_unsure(inode, entry_key(dir_id_of(old_dir), old_name))
         self.held.release(inode, old_dir, old_name)
         replaced = None
         target_ino = self.st.ns.lookup(new_parent, new_name)

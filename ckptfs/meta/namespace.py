@@ -100,6 +100,12 @@ class Inode:
     # ride with the next publish or attribute record): a publish that finds another
     # node's newer entry keeps these rather than taking that entry's (entries.py).
     attrs_unsent: bool = False
+    # Entry PUTs of this inode's publish that were sent and never answered: the store
+    # may hold them (an answer lost on its way).  [key, identity] pairs, recorded before
+    # the PUT goes; a later answered PUT of the key clears its own; a rename or removal
+    # of the name takes them (its log record, or its store step in sync mode) so that
+    # what landed there goes too (entries.py).
+    unsure: list[list[str]] = field(default_factory=list)
 
     @property
     def st_mode(self) -> int:

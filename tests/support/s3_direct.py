@@ -42,3 +42,24 @@ class Frozen:
 
     def __init__(self, access_key: str, secret_key: str) -> None:
         self.access_key, self.secret_key, self.token = access_key, secret_key, None
+
+
+@contextmanager
+def scripted_endpoint(monkeypatch, handler) -> Iterator[str]:
+    """A real HTTP server on loopback answering with ``handler`` (a
+    ``BaseHTTPRequestHandler`` class that plays an S3 endpoint's part), with test
+    credentials and no proxy in the environment: its URL."""
+    import threading
+    from http.server import ThreadingHTTPServer
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

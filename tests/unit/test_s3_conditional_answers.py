@@ -11,11 +11,11 @@ direct client and boto3) are asked."""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from support.s3_direct import scripted_endpoint
 from ckptfs.store import PreconditionFailed, S3Store, TransientStoreError
 
 
@@ -50,16 +50,8 @@ class ConditionalS3(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def endpoint(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ConditionalS3)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with scripted_endpoint(monkeypatch, ConditionalS3) as url:
+        yield url
 
 
 @pytest.fixture(params=["direct", "boto3"])

@@ -6,11 +6,11 @@ is a real HTTP server on loopback that redirects every request not made by botoc
 from __future__ import annotations
 
 import hashlib
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from support.s3_direct import scripted_endpoint
 from ckptfs.store import S3Store
 
 _REDIRECT = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>PermanentRedirect</Code>'
@@ -58,18 +58,10 @@ class RedirectingS3(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def redirecting_endpoint(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDTEST")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
     RedirectingS3.objects = {}
     RedirectingS3.direct_requests = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RedirectingS3)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with scripted_endpoint(monkeypatch, RedirectingS3) as url:
+        yield url
 
 
 def test_a_redirecting_endpoint_moves_object_bytes_to_boto3(redirecting_endpoint, caplog):
