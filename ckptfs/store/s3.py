@@ -211,6 +211,16 @@ class S3Store:
             raise self._translate(exc, key) from None
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
+        # The direct client when there is one: a new name's entry is created this way
+        # at every first publish, and boto3 spends ~1.5 ms more CPU per request.  It
+        # sends a CRC of the body, as the boto3 path below does.
+        try:
+            done = self._via_direct(lambda d: d.put(self._k(key), data, None,
+                                                    if_none_match=True))
+        except PreconditionFailed:
+            return None
+        if done is not _BOTO3:
+            return done or '"?"'
         from botocore.exceptions import ClientError
         # A checksum header of the body, always: without one a store may take a PUT
         # whose writer died after its head for a complete EMPTY object (SeaweedFS did:

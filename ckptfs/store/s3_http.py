@@ -1,14 +1,16 @@
 """``ChunkHTTP``: whole-object PUT and GET against an S3 endpoint over ``http.client``,
 signed with botocore's SigV4 signer, for the two calls that move checkpoint bytes, and
 HEAD (a chunk's existence check: one per new chunk, ~3 ms of botocore CPU each, so one
-per file of a small-file copy).
+per file of a small-file copy).  Conditional PUTs too (``If-Match``, and ``If-None-Match:
+*`` for the create of a new name's entry at every first publish: ~1.5 ms less CPU per
+request than boto3's).
 
 botocore spends ~0.6 CPU s per GiB on a PUT and more on a GET (request serialization,
 event hooks, parsing, a fresh body object per response): decision 0014 measured it.  Here
 a PUT sends the caller's buffer as is (a ``memoryview`` of a reused buffer: no copy), and a
 GET receives straight into the caller's buffer (``readinto``: no fresh 8 MiB object per
-chunk).  Everything else (LIST, DELETE, conditional creates, the bucket check)
-stays with boto3 in ``S3Store``.
+chunk).  Everything else (LIST, DELETE, the bucket check) stays with boto3 in
+``S3Store``.
 
 Errors come back in the store protocol's terms through ``s3.classify`` — the same
 mapping the boto3 calls use — so the retry layer sees no difference.  Connections are
@@ -190,7 +192,8 @@ class ChunkHTTP:
 
     # ---------------------------------------------------------------- requests
 
-    def put(self, key: str, body, sha256: str | None, if_match: str | None = None) -> str:
+    def put(self, key: str, body, sha256: str | None, if_match: str | None = None,
+            if_none_match: bool = False) -> str:
         """Store ``body`` (bytes-like) under ``key``; ``sha256`` is its hex digest (sent
         for the server to verify, and signed).  Without one (a chunk named by another
         hash) the body is not hashed again: the payload is sent unsigned and a CRC
@@ -203,13 +206,16 @@ class ChunkHTTP:
             headers, payload = {name: value}, UNSIGNED_PAYLOAD
         if if_match is not None:
             headers["If-Match"] = if_match
+        if if_none_match:
+            headers["If-None-Match"] = "*"      # a create: PreconditionFailed if it exists
 
         def consume(response: _Response) -> str:
             response.raw.read()
             return response.etag
         # A retry on a fresh connection is safe unless the write was conditional: an
         # unconditional PUT of the same bytes is idempotent.
-        return self._exchange("PUT", key, headers, body, payload, if_match is None, consume)
+        return self._exchange("PUT", key, headers, body, payload,
+                              if_match is None and not if_none_match, consume)
 
     def get_into(self, key: str, buffer) -> tuple[int, str]:
         """Receive the object ``key`` into ``buffer`` (a writable bytes-like object):

@@ -36,7 +36,11 @@ class ConditionalS3(BaseHTTPRequestHandler):
             self.send_response_only(100)
             self.end_headers()
         self.rfile.read(length)
-        if "conflict" in self.path:
+        if "taken" in self.path:
+            status, body = 412, _error("PreconditionFailed",
+                                       "At least one of the pre-conditions you specified "
+                                       "did not hold")
+        elif "conflict" in self.path:
             status, body = 409, _error("ConditionalRequestConflict",
                                        "A conflicting operation occurred. Retry.")
         else:
@@ -72,3 +76,12 @@ def test_a_conditional_put_on_a_missing_key_is_a_failed_precondition(store):
 def test_a_conditional_put_that_met_another_is_transient(store):
     with pytest.raises(TransientStoreError):
         store.put("dirs/root/conflict", b"{}", if_match='"abc"')
+
+
+def test_a_create_of_a_taken_key_answers_none(store):
+    assert store.put_if_absent("dirs/root/taken", b"{}") is None
+
+
+def test_a_create_that_met_another_is_transient(store):
+    with pytest.raises(TransientStoreError):
+        store.put_if_absent("dirs/root/conflict", b"{}")
