@@ -21,6 +21,7 @@ from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_ke
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
+from . import unsure
 from .critical import no_await
 from .state import CoreState, dir_id_of, link_id_of
 
@@ -160,34 +161,9 @@ class EntryIO:
         inode.remote_etag = etag
         inode.published = True
         inode.attrs_unsent = False
-        inode.unsure = [u for u in inode.unsure if u[0] != key]     # answered: ours now
+        unsure.answered(inode, key)         # what the store has there is known now
         self.st.ns.save(inode)
         await self.landed(key)
-
-    @no_await
-    def note_unsure(self, inode: Inode, chunks: list[tuple[str, int]]) -> None:
-        """Before a publish sends the entry of ``chunks``: recorded (and saved, with the
-        inode's published chunks as they were), so that if its answer is lost -- or
-        the daemon dies waiting for it -- a rename or removal of the name still finds
-        and deletes what landed.  Hard-linked inodes are left out (their content is
-        under an inode object no rename moves)."""
-        if inode.link_id:
-            return
-        ident = entry_identity(Entry(type="file", mode=0, size=sum(n for _, n in chunks),
-                                     chunks=list(chunks)))
-        pair = [self._key_of(inode), ident]
-        if pair not in inode.unsure:
-            inode.unsure.append(pair)
-            self.st.ns.save(inode)
-
-    @no_await
-    def take_unsure(self, inode: Inode, key: str) -> list[str]:
-        """The identities of unanswered entry PUTs under ``key``, handed to the caller
-        (a rename's or a removal's record or store step; the caller saves the inode)."""
-        taken = [ident for k, ident in inode.unsure if k == key]
-        if taken:
-            inode.unsure = [u for u in inode.unsure if u[0] != key]
-        return taken
 
     async def _keep_attributes(self, inode: Inode, key: str) -> str | None:
         """The entry under ``key`` changed since this node's view of it.  A save over a
@@ -227,10 +203,13 @@ class EntryIO:
         else:
             await self._rewrite_entry(inode)
         if inode.links_pending:
-            body = self._entry_of(inode).to_json()
+            link = self._entry_of(inode)
+            body = link.to_json()
             for parent, name in inode.names:
                 key = entry_key(dir_id_of(self.st.ns.get(parent)), name)
+                unsure.note(self.st.ns, inode, key, entry_identity(link))  # as a publish
                 await self._store(self.st.store.put, key, body)
+                unsure.answered(inode, key)
                 await self.landed(key)
                 # A listing of that directory that LISTed before this PUT must not take
                 # the name for one another node removed (refresh.py's apply).

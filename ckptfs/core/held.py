@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key
 from ..meta.namespace import ROOT_INO, Inode
+from . import unsure
 from .critical import no_await
 from .state import CoreState, dir_id_of
 
@@ -105,10 +106,10 @@ class HeldEntries:
         it held goes too, in log order -- and so does any entry of its own that a
         publish sent there unanswered (``Inode.unsure``: it may have landed)."""
         ident = self.take(inode, parent, name)
-        unsure = self.entries.take_unsure(inode, entry_key(dir_id_of(parent), name))
-        if ident is not None or unsure:
+        maybe = unsure.take(inode, entry_key(dir_id_of(parent), name))
+        if ident is not None or maybe:
             self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
-                               "name": name.hex(), "ident": ident, "unsure": unsure},
+                               "name": name.hex(), "ident": ident, "unsure": maybe},
                               dirs=[parent.ino])
             self.st.ns.save(inode)
 
@@ -116,21 +117,21 @@ class HeldEntries:
         """Async: a published name removed here goes from the store in log order, if it
         still holds the object this node removed (``_exec_delete``) -- or an entry of
         its own that a publish sent there unanswered."""
-        unsure = self.entries.take_unsure(inode, entry_key(dir_id_of(parent), name))
+        maybe = unsure.take(inode, entry_key(dir_id_of(parent), name))
         self.st.oplog.add({"kind": "delete", "ino": inode.ino, "parent_id": parent.dir_id,
                            "name": name.hex(), **self.entries._identity(inode),
-                           "unsure": unsure}, dirs=[parent.ino])
+                           "unsure": maybe}, dirs=[parent.ino])
 
     async def delete(self, inode: Inode, parent: Inode, name: bytes) -> None:
         """Sync: as ``release``, at once (an unanswered entry is forgotten only once
         the store has answered its deletion)."""
         key = entry_key(dir_id_of(parent), name)
-        unsure = [ident for k, ident in inode.unsure if k == key]
+        maybe = [ident for k, ident in inode.unsure if k == key]
         ident = self.take(inode, parent, name)
-        if ident is not None or unsure:
-            await self.entries._delete_if_same(key, ident, *unsure)
-        if unsure:
-            self.entries.take_unsure(inode, key)
+        if ident is not None or maybe:
+            await self.entries._delete_if_same(key, ident, *maybe)
+        if maybe:
+            unsure.take(inode, key)
             self.st.ns.save(inode)
 
     def _add(self, inode: Inode, new_dir: Inode, new_name: bytes, ident: str,

@@ -16,6 +16,7 @@ from ..meta.namespace import Inode
 from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
+from . import unsure
 from .critical import no_await
 from .state import STAGING_FULL_MARGIN, CoreState, Handle, Runtime, Session
 from typing import TYPE_CHECKING
@@ -278,7 +279,9 @@ class Publish:
                 # entry first, then this publishes again under the new name).
                 log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
-            self.entries.note_unsure(inode, chunks)     # saved before the PUT goes
+            if not inode.link_id:       # (a linked one's names: ``_put_linked``)
+                unsure.note(self.st.ns, inode, self.entries._key_of(inode),
+                            unsure.file_identity(chunks))   # saved before the PUT goes
             previous = inode.chunks
             inode.chunks = chunks
             try:

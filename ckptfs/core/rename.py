@@ -14,6 +14,7 @@ from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
 from ..format.remote import entry_key
 from ..store import PreconditionFailed
+from . import unsure
 from .critical import no_await
 from .state import RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
@@ -178,7 +179,7 @@ class Rename:
         old_parent, new_parent = old_dir.ino, new_dir.ino
         # An entry of its own sent unanswered under the old name: a move finds and moves
         # whatever is there; the record deletes it if the inode is removed first.
-        record["unsure"] = self.entries.take_unsure(inode, entry_key(dir_id_of(old_dir), old_name))
+        record["unsure"] = unsure.take(inode, entry_key(dir_id_of(old_dir), old_name))
         self.held.release(inode, old_dir, old_name)
         replaced = None
         target_ino = self.st.ns.lookup(new_parent, new_name)

@@ -149,3 +149,22 @@ def test_a_daemon_that_died_waiting_for_the_answer_still_removes_what_landed(tmp
         names = sorted(o.key for o in store.list(ENTRY))
         assert names == [], f"a removed file came back in the store: {names}"
     trio.run(main)
+
+
+def test_a_hard_links_entry_that_landed_unanswered_goes_with_its_name(tmp_path):
+    """Async: a file linked before its first publish gets its names' link entries at
+    that publish; one landed with its answer lost, then that name was unlinked before
+    the publish was sent again.  The link entry stayed: the name came back."""
+    async def body(fs, store) -> None:
+        landed, hooks = lose_answers_then_refuse(store, ENTRY + "g")
+        ino = await save(fs, b"f", b"v1" * 20_000)
+        await fs.link(ino, ROOT_INO, b"g")
+        await until(lambda: landed)                          # g's link entry is there
+        await fs.unlink(ROOT_INO, b"g")
+        for hook in hooks:
+            hook.remove()
+        with trio.fail_after(60):
+            await fs.wait_idle()
+        names = sorted(o.key for o in store.list(ENTRY))
+        assert names == [ENTRY + "f"], f"the store has {names}"
+    run(tmp_path, "async", body)

@@ -1,0 +1,43 @@
+"""Entry PUTs sent and never answered (``Inode.unsure``): a lost answer, or a daemon that
+died waiting for it, leaves the node not knowing whether the store took the entry.  Each
+is noted -- its key and the identity of what it holds -- before the PUT goes, and cleared
+when a PUT of that key is answered; whatever moves the name away or removes it takes the
+notes under it, so the store step deletes what may have landed (decision 0016).
+
+Knows inodes, the namespace's save and entry identities; nothing of the store or FUSE.
+"""
+
+from __future__ import annotations
+
+from ..format.remote import Entry
+from ..meta.namespace import Inode, Namespace
+
+
+def file_identity(chunks: list[tuple[str, int]]) -> str:
+    """The identity of a file entry holding ``chunks`` (``entry_identity``'s)."""
+    from .entries import entry_identity     # (entries.py uses this module)
+    return entry_identity(Entry(type="file", mode=0, size=sum(n for _, n in chunks),
+                                chunks=list(chunks)))
+
+
+def note(ns: Namespace, inode: Inode, key: str, ident: str) -> None:
+    """Before a PUT of the entry ``ident`` under ``key`` goes: noted and saved (with
+    the inode as it is: the caller has not changed what it publishes yet)."""
+    pair = [key, ident]
+    if pair not in inode.unsure:
+        inode.unsure.append(pair)
+        ns.save(inode)
+
+
+def answered(inode: Inode, key: str) -> None:
+    """A PUT of ``key`` was answered: what is there now is known (the caller saves)."""
+    inode.unsure = [u for u in inode.unsure if u[0] != key]
+
+
+def take(inode: Inode, key: str) -> list[str]:
+    """The identities noted under ``key``, handed to the caller -- a rename's or a
+    removal's record or store step -- and forgotten here (the caller saves)."""
+    taken = [ident for k, ident in inode.unsure if k == key]
+    if taken:
+        answered(inode, key)
+    return taken
