@@ -38,13 +38,13 @@ class _Before:
     ctime_ns: int
     remote_etag: str | None
     closed_mtime_ns: int | None
-    attrs_unsent: bool
+    attrs_unsent: list[str]
 
     @classmethod
     def of(cls, inode: Inode) -> "_Before":
         return cls(inode.mode, inode.uid, inode.gid, inode.atime_ns, inode.mtime_ns,
                    inode.ctime_ns, inode.remote_etag, inode.closed_mtime_ns,
-                   inode.attrs_unsent)
+                   list(inode.attrs_unsent))
 
     def restore(self, ns: Namespace, ino: int) -> None:
         """The attributes as they were.  So is the ETag known: the rewrite may have
@@ -58,6 +58,18 @@ class _Before:
         inode.remote_etag, inode.closed_mtime_ns = self.remote_etag, self.closed_mtime_ns
         inode.attrs_unsent = self.attrs_unsent
         ns.save(inode)
+
+
+def _unsent(before: list[str], mode: int | None, uid: int | None, gid: int | None,
+            mtime_ns: int | None) -> list[str]:
+    """The attributes changed here and not yet sent, with a setattr's added: what a
+    rewrite that meets another node's newer entry keeps (``EntryIO._take_attributes``)."""
+    changed = {"mode"} if mode is not None else set()
+    if uid is not None or gid is not None:
+        changed.add("owner")
+    if mtime_ns is not None:
+        changed.add("mtime")
+    return sorted(changed | set(before))
 
 
 class Attributes:
@@ -105,7 +117,7 @@ class Attributes:
                 inode.uid = uid
             if gid is not None:
                 inode.gid = gid
-            inode.attrs_unsent |= any(v is not None for v in (mode, uid, gid))  # till sent
+            inode.attrs_unsent = _unsent(inode.attrs_unsent, mode, uid, gid, mtime_ns)
             if atime_ns is not None:
                 inode.atime_ns = atime_ns
             if mtime_ns is not None:
@@ -182,7 +194,8 @@ class Attributes:
                     raise FsError(errno.ENOSPC, f"extended attributes over "
                                                 f"{XATTR_TOTAL_MAX} bytes")
             inode.xattrs = after
-            unsent_before, inode.attrs_unsent = inode.attrs_unsent, True    # until they land
+            unsent_before = inode.attrs_unsent
+            inode.attrs_unsent = sorted({*unsent_before, "xattrs"})     # until they land
             inode.ctime_ns = time.time_ns()
             self.st.ns.save(inode)
             if inode.published and not inode.dirty and inode.parent:

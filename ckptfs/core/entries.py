@@ -160,7 +160,7 @@ class EntryIO:
             raise FsError(errno.EIO, f"{key} keeps changing; not published")
         inode.remote_etag = etag
         inode.published = True
-        inode.attrs_unsent = False
+        inode.attrs_unsent = []
         unsure.answered(inode, key)         # what the store has there is known now
         self.st.ns.save(inode)
         await self.landed(key)
@@ -182,10 +182,22 @@ class EntryIO:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry:
             return etag         # written over, as an unconditional save did
-        if entry.type == "file" and not inode.attrs_unsent:
-            inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
-            inode.xattrs = dict(entry.xattrs)
+        if entry.type == "file":
+            self._take_attributes(inode, entry, mtime=False)
         return etag
+
+    def _take_attributes(self, inode: Inode, entry: Entry, *, mtime: bool) -> None:
+        """The store's attributes (with ``mtime``, its mtime too), except those changed
+        here and not sent yet (``attrs_unsent``): those are the later change."""
+        mine = set(inode.attrs_unsent)
+        if "mode" not in mine:
+            inode.mode = entry.mode
+        if "owner" not in mine:
+            inode.uid, inode.gid = entry.uid, entry.gid
+        if "xattrs" not in mine:
+            inode.xattrs = dict(entry.xattrs)
+        if mtime and "mtime" not in mine:
+            inode.mtime_ns = entry.mtime_ns
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
@@ -341,9 +353,11 @@ class EntryIO:
         if etag == inode.remote_etag:
             return
         inode.remote_etag = etag
-        if entry.type == inode.type and not inode.attrs_unsent:
-            inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
-            inode.xattrs = dict(entry.xattrs)
+        if entry.type == inode.type:
+            # The mtime too, of a file no version of which is being written here.
+            rt = self.st.runtime.get(inode.ino)
+            self._take_attributes(inode, entry, mtime=inode.type == "file" and not inode.dirty
+                                  and (rt is None or rt.session is None))
         if inode.link_id:
             inode.remote_nlink = entry.nlink
         if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
@@ -373,7 +387,7 @@ class EntryIO:
                 inode.remote_etag = await self._store(
                     functools.partial(self.st.store.put, key,
                                       self._content_entry(inode).to_json(), if_match=etag))
-                inode.published, inode.attrs_unsent = True, False
+                inode.published, inode.attrs_unsent = True, []
                 self.st.ns.save(inode)
                 return
             except PreconditionFailed:

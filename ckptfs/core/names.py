@@ -21,7 +21,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BI
 from ..store import NotFound, StoreError
 from .critical import no_await
 from .removals import DirRemovals
-from .state import CoreState, Handle, dir_id_of
+from .state import ALL_ATTRIBUTES, CoreState, Handle, dir_id_of
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -299,7 +299,7 @@ class Names:
         try:
             with self.st.ns.batch():
                 inode = self.st.ns.reserve_inode("file", mode, uid, gid, max_ver=1)
-                inode.attrs_unsent = bool(flags & os.O_EXCL)    # new: its mode stays
+                inode.attrs_unsent = list(ALL_ATTRIBUTES) if flags & os.O_EXCL else []
                 self.st.staging.create_empty(inode.ino, 1)
                 made = inode.ino
                 self.st.ns.attach(inode, parent_inode, name)

@@ -16,7 +16,7 @@ from ..format.remote import entry_key
 from ..store import PreconditionFailed
 from . import unsure
 from .critical import no_await
-from .state import RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
+from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
 from typing import TYPE_CHECKING
 
@@ -377,4 +377,4 @@ def _own_attributes_where_it_lands(inode: Inode) -> None:
     finds under the new name, mode and owner included -- it takes none of that entry's
     (``EntryIO._keep_attributes``), as a file created at the name would."""
     if not inode.published:
-        inode.attrs_unsent = True
+        inode.attrs_unsent = list(ALL_ATTRIBUTES)

@@ -43,6 +43,10 @@ RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 MAX_STAGED_FRACTION = 0.5     # default --max-staged: this much of the free state space
 
+# What ``Inode.attrs_unsent`` names: attributes a write keeps as this node's when it meets
+# another node's newer entry (a file new here, by O_EXCL or a rename, keeps them all).
+ALL_ATTRIBUTES = ("mode", "owner", "mtime", "xattrs")
+
 
 class DirMarks:
     """What refresh checks before applying a listing (its apply phase has no await, the

@@ -96,10 +96,10 @@ class Inode:
     # ``mtime_ns`` (a truncating open saves its own): shown again when the session is
     # abandoned -- by a killed writer, or by the next run after a daemon crash.
     closed_mtime_ns: int | None = None
-    # Mode, owner or ``user.*`` attributes changed here and not yet in the store (they
-    # ride with the next publish or attribute record): a publish that finds another
-    # node's newer entry keeps these rather than taking that entry's (entries.py).
-    attrs_unsent: bool = False
+    # Attributes changed here and not yet in the store ("mode", "owner", "mtime",
+    # "xattrs"; they ride with the next publish or attribute rewrite): a write that
+    # finds another node's newer entry keeps these and takes the others (entries.py).
+    attrs_unsent: list[str] = field(default_factory=list)
     # Entry PUTs of this inode's publish that were sent and never answered: the store
     # may hold them (an answer lost on its way).  [key, identity] pairs, recorded before
     # the PUT goes; a later answered PUT of the key clears its own; a rename or removal

@@ -156,3 +156,28 @@ def test_a_file_renamed_over_a_name_before_its_first_close_keeps_its_own_mode(
         assert entry["mode"] == 0o600
         assert a.fs.getattr(inode.ino).mode == 0o600
     run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("first", ["utime", "chmod"])
+def test_a_chmod_and_a_utime_on_two_nodes_both_stay(tmp_path, durability, first):
+    """Found by the soak (seed 1215263, the model's race step): A sets f0's mtime while
+    B, with the older entry in view, chmods it (or the other way round).  In either
+    order both changes stay; B's rewrite took A's newer entry but wrote its own old mtime
+    over it (only a changed content brought the store's mtime along)."""
+    mtime = 2_000_000_000_999_999_999
+
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")
+        changes = {"utime": (a, ino_a, {"mtime_ns": mtime}),
+                   "chmod": (b, ino_b, {"mode": 0o640})}
+        order = [first, "chmod" if first == "utime" else "utime"]
+        for what in order:
+            node, ino, change = changes[what]
+            await node.fs.setattr(ino, **change)
+            await node.fs.wait_idle()
+        entry = stored(store, "f0")
+        assert (entry["mode"], entry["mtime_ns"]) == (0o640, mtime)
+    run(tmp_path, durability, body)
