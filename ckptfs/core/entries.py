@@ -155,7 +155,12 @@ class EntryIO:
                     break
                 except PreconditionFailed:
                     pass
-            known = await self._keep_attributes(inode, key)
+            refused, known = known, await self._keep_attributes(inode, key)
+            if known is not None and known == refused:
+                # The ETag just read is the one the store refused: it does not honour
+                # If-Match (mounted --single-writer): written over, as before.
+                etag = await self._store(self.st.store.put, key, self._entry_of(inode).to_json())
+                break
         else:
             raise FsError(errno.EIO, f"{key} keeps changing; not published")
         inode.remote_etag = etag
@@ -209,8 +214,7 @@ class EntryIO:
                                       empty_is_free=True)     # a fresh uuid's key
             if not etag:
                 raise FsError(errno.EIO, f"{key} exists already")
-            inode.remote_etag = etag
-            inode.published = True
+            inode.remote_etag, inode.published, inode.attrs_unsent = etag, True, []
             self.st.ns.save(inode)
         else:
             await self._rewrite_entry(inode)
@@ -271,7 +275,7 @@ class EntryIO:
                     inode.remote_etag = await self._store(
                         functools.partial(self.st.store.put, key, entry.to_json(),
                                           if_match=etag))
-                    inode.remote_nlink = n
+                    inode.remote_nlink, inode.attrs_unsent = n, []    # sent with it
                 self.st.ns.save(inode)
                 return
             except PreconditionFailed:
@@ -308,6 +312,7 @@ class EntryIO:
                 continue
             self.st.ns.set_link_id(inode, link_id)
             inode.remote_etag, inode.remote_nlink = obj_etag or None, 1
+            inode.attrs_unsent = []         # the object has them
             self.st.ns.save(inode)
             return
         raise FsError(errno.EIO, f"{key} keeps changing; not linked")
@@ -362,7 +367,8 @@ class EntryIO:
             inode.remote_nlink = entry.nlink
         if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
             inode.chunks, inode.size = list(entry.chunks), entry.size
-            inode.mtime_ns = entry.mtime_ns
+            if "mtime" not in inode.attrs_unsent:     # a utime here is the later change
+                inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
                 inode.local_copy = False
                 self.st.cache.untrack_local(inode.ino)

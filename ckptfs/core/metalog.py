@@ -93,7 +93,7 @@ class MetaLogApply:
                                                  empty_is_free=True)
             if created is not None:
                 inode.published, inode.remote_etag = True, created
-                inode.listed_at = time.time()
+                inode.listed_at, inode.attrs_unsent = time.time(), []     # sent with it
                 self.st.ns.save(inode)
                 await self.entries.landed(key)
             else:
@@ -148,6 +148,10 @@ class MetaLogApply:
         self.st.ns.save(inode)
         if other.id != old_id:
             await self._rehome_children(inode, old_id)
+        if inode.attrs_unsent:
+            # Changed here since (a chmod while the mkdir waited): the joined entry does
+            # not have it yet.  Sent now; another node's newer changes stay.
+            await self.entries._rewrite_entry(inode, key)
 
     async def _rehome_children(self, inode: Inode, old_id: str) -> None:
         """Entries already published under a joined directory's old id move to its
@@ -270,7 +274,7 @@ class MetaLogApply:
             else:
                 etag = await self.entries._store(self.st.store.put, key,
                                          self.entries._entry_of(inode).to_json())
-                inode.published, inode.remote_etag = True, etag
+                inode.published, inode.remote_etag, inode.attrs_unsent = True, etag, []
                 self.st.ns.save(inode)
                 await self.entries.landed(key)
         self.st._drop_rt(ino)

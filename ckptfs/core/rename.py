@@ -185,6 +185,7 @@ class Rename:
         target_ino = self.st.ns.lookup(new_parent, new_name)
         if target_ino is not None and target_ino != inode.ino:
             replaced = self.st.ns.get(target_ino)
+            unsure.hand_over(replaced, inode, entry_key(dir_id_of(new_dir), new_name))
             if replaced.published and self.held.never_closed(inode):
                 self.held.hold(inode, new_dir, new_name, replaced)
             elif replaced.published:
@@ -279,6 +280,10 @@ class Rename:
     def _exchange_locally(self, seq: int, a: Inode, a_at: tuple[int, bytes], b: Inode,
                           b_at: tuple[int, bytes]) -> bool:
         self.st.ns.journal_done(seq)
+        key_a = entry_key(dir_id_of(self.st.ns.get(a_at[0])), a_at[1])
+        key_b = entry_key(dir_id_of(self.st.ns.get(b_at[0])), b_at[1])
+        unsure.hand_over(a, b, key_a)   # notes follow their names (saved by the exchange)
+        unsure.hand_over(b, a, key_b)
         self.st.ns.exchange(a, a_at, b, b_at)
         for ino in (a.ino, b.ino):
             inode = self.st.ns.get(ino)
@@ -359,6 +364,8 @@ class Rename:
         target_ino = self.st.ns.lookup(new_parent, new_name)
         if target_ino is not None and target_ino != inode.ino:
             replaced = self.st.ns.get(target_ino)
+            unsure.hand_over(replaced, inode,
+                             entry_key(dir_id_of(self.st.ns.get(new_parent)), new_name))
             self.st.ns.unlink(replaced, new_parent, new_name)
             if not replaced.parent and not self.st._is_open(replaced.ino):
                 # Its staging files go only once the move is committed (a failed

@@ -41,3 +41,12 @@ def take(inode: Inode, key: str) -> list[str]:
     if taken:
         answered(inode, key)
     return taken
+
+
+def hand_over(giver: Inode, taker: Inode, key: str) -> None:
+    """``taker`` now has the name ``key`` that ``giver`` had (a rename over it, an
+    exchange): the notes under it go with the name, so that whatever later moves or
+    removes the name takes them (the caller saves both)."""
+    for ident in take(giver, key):
+        if [key, ident] not in taker.unsure:
+            taker.unsure.append([key, ident])

@@ -20,6 +20,7 @@ import trio
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
+from ckptfs.core.state import RENAME_EXCHANGE
 from support.core import WRITE_NEW, me, open_core
 
 ENTRY = "dirs/root/"
@@ -168,3 +169,57 @@ def test_a_hard_links_entry_that_landed_unanswered_goes_with_its_name(tmp_path):
         names = sorted(o.key for o in store.list(ENTRY))
         assert names == [ENTRY + "f"], f"the store has {names}"
     run(tmp_path, "async", body)
+
+
+# A review's findings: notes follow the name they are under.
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_replaced_files_landed_entry_goes_when_the_name_goes(tmp_path, durability):
+    """g's first publish landed unanswered; a never-closed f is renamed over g, then g
+    is unlinked.  The landed g entry (the replaced inode's unsure note) is never taken."""
+    async def body(fs, store) -> None:
+        landed, hooks = lose_answers_then_refuse(store, ENTRY + "g")
+        try:
+            await save(fs, b"g", b"G" * 1000)
+        except Exception:
+            pass                                           # sync: EIO
+        await until(lambda: landed)
+        handle, _ = await fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, me())
+        await fs.write(handle.fh, 0, b"F")
+        await fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0)
+        await fs.unlink(ROOT_INO, b"g")
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        for hook in hooks:
+            hook.remove()
+        with trio.fail_after(60):
+            await fs.wait_idle()
+        names = sorted(o.key for o in store.list(ENTRY))
+        assert names == [], f"a removed file came back in the store: {names}"
+    run(tmp_path, durability, body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_an_exchanged_files_landed_entry_goes_when_the_name_goes(tmp_path, durability):
+    """f's first publish landed unanswered; f and a never-closed g are exchanged, then
+    f (now g's inode) is unlinked.  The note under f stays with the inode now at g."""
+    async def body(fs, store) -> None:
+        landed, hooks = lose_answers_then_refuse(store, ENTRY + "f")
+        try:
+            await save(fs, b"f", b"X" * 1000)
+        except Exception:
+            pass
+        await until(lambda: landed)
+        handle, _ = await fs.create(ROOT_INO, b"g", 0o644, WRITE_NEW, 0, 0, me())
+        await fs.rename(ROOT_INO, b"f", ROOT_INO, b"g", RENAME_EXCHANGE)
+        for hook in hooks:
+            hook.remove()
+        await fs.unlink(ROOT_INO, b"f")
+        await fs.write(handle.fh, 0, b"B")
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        with trio.fail_after(60):
+            await fs.wait_idle()
+        names = sorted(o.key for o in store.list(ENTRY))
+        assert names == [ENTRY + "g"], f"the store has {names}"
+    run(tmp_path, durability, body)

@@ -21,7 +21,8 @@ import trio
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import two_cores
+from support.core import WRITE_NEW, me, two_cores
+from test_lost_reply_entries import run as run_one, save as save_one
 
 TTL = 30.0      # B keeps its view of the entry for the whole test unless told
 
@@ -181,3 +182,105 @@ def test_a_chmod_and_a_utime_on_two_nodes_both_stay(tmp_path, durability, first)
         entry = stored(store, "f0")
         assert (entry["mode"], entry["mtime_ns"]) == (0o640, mtime)
     run(tmp_path, durability, body)
+
+
+# A review's findings.
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_utime_over_another_nodes_newer_save_stays(tmp_path, durability):
+    """B (older view) sets f0's mtime after A saved new content: serially the utime
+    is last, so it stays; _adopt_newer's content branch writes A's mtime over it."""
+    mtime = 2_000_000_000_999_999_999
+
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")
+        handle = await a.fs.open(ino_a, os.O_WRONLY | os.O_TRUNC, a.me())
+        await a.fs.write(handle.fh, 0, b"version two")
+        await a.fs.flush(handle.fh)
+        await a.fs.release(handle.fh)
+        await a.fs.wait_idle()
+        await b.fs.setattr(ino_b, mtime_ns=mtime)
+        await b.fs.wait_idle()
+        entry = json.loads(store.get("dirs/root/f0")[0])
+        assert entry["size"] == len(b"version two")
+        assert entry["mtime_ns"] == mtime, "B's utime, told saved, was lost"
+        assert b.fs.getattr(ino_b).mtime_ns == mtime
+    async def main2() -> None:
+        store = MemoryStore()
+        async with two_cores(tmp_path, store,
+                             Config(metadata_ttl=30.0, durability=durability)) as (a, b):
+            await body(a, b, store)
+    trio.run(main2)
+
+
+def test_a_directory_chmodded_before_its_mkdir_landed_leaves_a_later_chmod_alone(tmp_path):
+    """Async: a chmod of a directory whose mkdir record has not run yet rides with the
+    mkdir.  Later B chmods the directory, and A's utime rewrite meets B's entry: B's
+    mode stays (A's mode was counted as unsent still, and written over B's)."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with two_cores(tmp_path, store,
+                             Config(metadata_ttl=0.05, durability="async")) as (a, b):
+            from ckptfs.store import TransientStoreError
+            refused = store.fail("put_if_absent", TransientStoreError("refused"),
+                                 prefix="dirs/root/d", times=2)
+            d = await a.fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)    # local: the log makes it
+            await a.fs.setattr(d.ino, mode=0o750)                # not published: no record
+            await a.fs.wait_idle()
+            assert json.loads(store.get("dirs/root/d")[0])["mode"] == 0o750
+            ino_b = await b.resolve("d")
+            await b.fs.setattr(ino_b, mode=0o700)
+            await b.fs.wait_idle()
+            await a.fs.setattr(d.ino, mtime_ns=2_000_000_000_000_000_000)
+            await a.fs.wait_idle()
+            assert json.loads(store.get("dirs/root/d")[0])["mode"] == 0o700, \
+                "A's stale mode went over B's later chmod"
+    trio.run(main)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_linked_files_first_publish_leaves_its_chmod_unsent(tmp_path, durability):
+    """f chmodded and hard-linked before its first close: put_new sends the mode but
+    leaves "mode" in attrs_unsent; B's later chmod is undone by A's next save."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with two_cores(tmp_path, store,
+                             Config(metadata_ttl=30.0, durability=durability)) as (a, b):
+            handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, me())
+            await a.fs.write(handle.fh, 0, b"one")
+            await a.fs.setattr(inode.ino, mode=0o600)
+            await a.fs.link(inode.ino, ROOT_INO, b"g")
+            await a.fs.flush(handle.fh)
+            await a.fs.release(handle.fh)
+            await a.fs.wait_idle()
+            ino_b = await b.resolve("f")
+            await b.fs.setattr(ino_b, mode=0o640)
+            await b.fs.wait_idle()
+            h = await a.fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC, a.me())
+            await a.fs.write(h.fh, 0, b"two")
+            await a.fs.flush(h.fh)
+            await a.fs.release(h.fh)
+            await a.fs.wait_idle()
+            link = json.loads(store.get("dirs/root/f")[0])["inode"]
+            shared = json.loads(store.get(f"inodes/{link}")[0])
+            assert shared["size"] == 3
+            assert shared["mode"] == 0o640, "A's stale mode went over B's chmod"
+    trio.run(main)
+
+
+def test_a_save_over_a_file_on_a_store_that_refuses_every_if_match(tmp_path):
+    """probe_store admits (--single-writer) a store that answers 412 to every If-Match
+    PUT; the publish's entry PUT is now one: 8 GET+PUT rounds, then EIO."""
+    from ckptfs.store import PreconditionFailed
+
+    async def body(fs, store) -> None:
+        ino = await save_one(fs, b"f", b"one")
+        def refuse(call) -> None:
+            if call.if_match is not None:
+                raise PreconditionFailed(call.key)
+        store.before(refuse, "put")
+        await save_one(fs, b"f", b"two", ino)
+        assert fs.getattr(ino).size == 3
+    run_one(tmp_path, "sync", body)
