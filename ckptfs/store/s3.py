@@ -180,9 +180,9 @@ class S3Store:
         except NotFound:
             if if_match is None:
                 raise
-            # AWS S3 answers a conditional PUT on a missing key 404 NoSuchKey (SeaweedFS
-            # 412): the store's contract is PreconditionFailed, which every caller's
-            # compare-and-swap handles (it reads the entry again).
+            # An endpoint may answer a conditional PUT on a missing key 404 NoSuchKey
+            # (SeaweedFS answers 412): the store's contract is PreconditionFailed, which
+            # every caller's compare-and-swap handles (it reads the entry again).
             raise PreconditionFailed(key) from None
 
     def _put(self, key: str, data: bytes, sha256: str | None, if_match: str | None) -> str:

@@ -1,8 +1,9 @@
-"""What AWS S3 answers a conditional PUT with, as the store's terms.
+"""What S3 endpoints answer a conditional PUT with, as the store's terms.
 
-S3 answers a PUT with ``If-Match`` on a key that does not exist with **404 NoSuchKey**
-(SeaweedFS answers 412), and a conditional write that met a concurrent one with
-**409 ConditionalRequestConflict** ("retry").  The store's contract (``ObjectStore.put``)
+Endpoints differ on a PUT with ``If-Match`` on a key that does not exist: SeaweedFS and
+Apache Ozone answer 412, others **404 NoSuchKey**.  AWS documents **409
+ConditionalRequestConflict** ("retry") for a conditional write that met a concurrent
+one.  The store's contract (``ObjectStore.put``)
 is ``PreconditionFailed`` for the first -- every compare-and-swap in the core catches that
 and reads the entry again -- and the second is transient.  Before, the 404 surfaced as
 ``NotFound`` from a PUT, which no caller expects of a write, and the 409 as a permanent
