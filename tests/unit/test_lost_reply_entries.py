@@ -66,6 +66,16 @@ def lose_answers_then_refuse(store, key: str):
     return landed, hooks
 
 
+async def store_back(fs, store, hooks) -> list[str]:
+    """The store answers again (``hooks`` removed); once the node is idle, the entries
+    under the root that the store holds."""
+    for hook in hooks:
+        hook.remove()
+    with trio.fail_after(60):
+        await fs.wait_idle()
+    return sorted(o.key for o in store.list(ENTRY))
+
+
 async def until(predicate, seconds: float = 10.0) -> None:
     with trio.fail_after(seconds):
         while not predicate():
@@ -85,11 +95,7 @@ def test_a_landed_entry_whose_answer_was_lost_goes_with_its_name_async(tmp_path,
             await fs.unlink(ROOT_INO, b"f2")
         else:
             await fs.unlink(ROOT_INO, b"f0")
-        for hook in hooks:
-            hook.remove()
-        with trio.fail_after(60):
-            await fs.wait_idle()
-        names = sorted(o.key for o in store.list(ENTRY))
+        names = await store_back(fs, store, hooks)
         assert names == [], f"a removed file came back in the store: {names}"
     run(tmp_path, "async", body)
 
@@ -108,11 +114,7 @@ def test_a_landed_entry_whose_answer_was_lost_goes_with_its_name_sync(tmp_path, 
             await fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f2", 0)
         if then.endswith("unlink"):
             await fs.unlink(ROOT_INO, b"f2" if then.startswith("rename") else b"f0")
-        for hook in hooks:
-            hook.remove()
-        with trio.fail_after(60):
-            await fs.wait_idle()
-        names = sorted(o.key for o in store.list(ENTRY))
+        names = await store_back(fs, store, hooks)
         expected = [ENTRY + "f2"] if then == "rename" else []
         assert names == expected, f"the store has {names}"
         if then == "rename":
@@ -162,11 +164,7 @@ def test_a_hard_links_entry_that_landed_unanswered_goes_with_its_name(tmp_path):
         await fs.link(ino, ROOT_INO, b"g")
         await until(lambda: landed)                          # g's link entry is there
         await fs.unlink(ROOT_INO, b"g")
-        for hook in hooks:
-            hook.remove()
-        with trio.fail_after(60):
-            await fs.wait_idle()
-        names = sorted(o.key for o in store.list(ENTRY))
+        names = await store_back(fs, store, hooks)
         assert names == [ENTRY + "f"], f"the store has {names}"
     run(tmp_path, "async", body)
 
@@ -190,11 +188,7 @@ def test_a_replaced_files_landed_entry_goes_when_the_name_goes(tmp_path, durabil
         await fs.unlink(ROOT_INO, b"g")
         await fs.flush(handle.fh)
         await fs.release(handle.fh)
-        for hook in hooks:
-            hook.remove()
-        with trio.fail_after(60):
-            await fs.wait_idle()
-        names = sorted(o.key for o in store.list(ENTRY))
+        names = await store_back(fs, store, hooks)
         assert names == [], f"a removed file came back in the store: {names}"
     run(tmp_path, durability, body)
 
