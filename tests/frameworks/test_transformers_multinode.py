@@ -63,7 +63,8 @@ def test_trainer_two_nodes_resumed_on_a_third(store, make_mount):
     a = make_mount(store, name="a", faults={"rules": [
         {"op": "list", "prefix": "leases/", "kind": "delay", "delay": 1.0}]})
     b = make_mount(store, name="b", faults={"rules": [
-        {"op": "put", "prefix": "dirs/", "kind": "delay", "delay": 1.0}]})
+        {"op": op, "prefix": "dirs/", "kind": "delay", "delay": 1.0}
+        for op in ("put", "put_if_absent")]})
     c = make_mount(store, name="c")
     (a.path / "run").mkdir()
     assert eventually((b.path / "run").is_dir)

@@ -17,8 +17,9 @@ from support.mounts import eventually, run_ckptfs
 def test_wait_is_per_path_and_times_out(local_store, make_mount, tmp_path):
     control = tmp_path / "faults.json"
     # Every PUT of the entry of "slow" fails (transiently, so it stays queued and retried).
-    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "dirs/root/slow",
-                                              "kind": "transient"}]}))
+    control.write_text(json.dumps({"rules": [{"op": op, "prefix": "dirs/root/slow",
+                                              "kind": "transient"}
+                                             for op in ("put", "put_if_absent")]}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
     (mnt.path / "slow").write_bytes(b"s" * 1000)
     (mnt.path / "fast").write_bytes(b"f" * 1000)

@@ -217,7 +217,8 @@ def test_a_refused_upload_waits_for_an_operator_and_shows_in_status(local_store,
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": []}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
-    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "dirs/",
+    # (a new name's first publish is a conditional create)
+    control.write_text(json.dumps({"rules": [{"op": "put_if_absent", "prefix": "dirs/",
                                               "kind": "permanent"}]}))
     (mnt.path / "refused").write_bytes(b"v1")
     started = time.monotonic()
@@ -226,7 +227,7 @@ def test_a_refused_upload_waits_for_an_operator_and_shows_in_status(local_store,
           f"{time.monotonic() - started:.1f} s: {proc.stderr.strip()!r}")
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if "needs an operator" in line]
-    assert len(lines) == 1 and "injected fault on put dirs/root/refused" in lines[0]
+    assert len(lines) == 1 and "injected fault on put_if_absent dirs/root/refused" in lines[0]
     failing = mnt.status()["fs"]["failing_uploads"]
     assert len(failing) == 1 and "needs an operator" in next(iter(failing.values()))
     assert mnt.status()["fs"]["pending_uploads"] == 1     # kept, never dropped
@@ -302,8 +303,9 @@ def test_commit_above_an_upload_failed_for_good_answers_at_once(local_store, mak
     entry = local_store.root / "dirs" / "root" / "checkpoint-7"
     eventually(entry.exists)     # async mode: the directory reaches the store in log order
     dir_id = json.loads(entry.read_text())["id"]
-    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": f"dirs/{dir_id}/",
-                                              "kind": "permanent"}]}))
+    control.write_text(json.dumps({"rules": [{"op": op, "prefix": f"dirs/{dir_id}/",
+                                              "kind": "permanent"}
+                                             for op in ("put", "put_if_absent")]}))
     (mnt.path / "checkpoint-7" / "model.bin").write_bytes(b"weights")
     assert run_ckptfs("wait", str(mnt.path), timeout=60).returncode != 0   # failed for good
     # The checkpoint is incomplete for good: commit says so instead of waiting forever.

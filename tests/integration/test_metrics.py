@@ -89,7 +89,7 @@ def test_metrics_count_store_errors_and_corrupt_chunks(local_store, make_mount, 
                    extra=ANY_PORT)
     control.write_text(json.dumps({"rules": [
         {"op": "get", "prefix": "chunks/", "kind": "corrupt", "times": 1},
-        {"op": "put", "prefix": "dirs/", "kind": "transient", "times": 1}]}))
+        {"op": "put_if_absent", "prefix": "dirs/", "kind": "transient", "times": 1}]}))
     assert (b.path / "f.bin").read_bytes() == data          # refetched after the bad one
     (b.path / "g.bin").write_bytes(b"g")                    # one retried PUT
     m = scrape(b)

@@ -17,6 +17,8 @@ from support.mounts import run_ckptfs
 # Entry writes and deletes slowed down: the metadata log runs behind the renames, as on
 # a busy store (each round's removal of an older name holds the log for a while).
 SLOW_ENTRIES = {"rules": [{"op": "put", "prefix": "dirs/", "kind": "delay", "delay": 0.02},
+                          {"op": "put_if_absent", "prefix": "dirs/", "kind": "delay",
+                           "delay": 0.02},
                           {"op": "delete", "prefix": "dirs/", "kind": "delay",
                            "delay": 0.15}]}
 

@@ -14,7 +14,8 @@ from support.mounts import eventually
 
 MiB = 1 << 20
 # Entry writes slowed down on both nodes, so that two renames overlap for certain.
-SLOW_ENTRY_PUTS = {"rules": [{"op": "put", "prefix": "dirs/", "kind": "delay", "delay": 0.4}]}
+SLOW_ENTRY_PUTS = {"rules": [{"op": op, "prefix": "dirs/", "kind": "delay", "delay": 0.4}
+                             for op in ("put", "put_if_absent")]}
 
 
 def rename_at_once(pairs):

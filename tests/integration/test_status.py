@@ -18,8 +18,9 @@ from support.mounts import eventually, run_ckptfs
 @pytest.mark.expect_log_errors(r"injected transient fault")
 def test_human_status_shows_pending_and_errors(local_store, make_mount, tmp_path):
     control = tmp_path / "faults.json"
-    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "dirs/root/slow",
-                                              "kind": "transient"}]}))
+    control.write_text(json.dumps({"rules": [{"op": op, "prefix": "dirs/root/slow",
+                                              "kind": "transient"}
+                                             for op in ("put", "put_if_absent")]}))
     mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
     (mnt.path / "slow").write_bytes(b"s" * 300_000)
     assert eventually(lambda: mnt.status()["fs"]["failing_uploads"])
