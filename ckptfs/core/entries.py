@@ -51,7 +51,7 @@ class EntryIO:
                                     link_id=entry.link,
                                     remote_nlink=entry.nlink if entry.link else 0,
                                     staged=entry.staged and entry.type == "dir",
-                                    sealed_at=entry.sealed_at)
+                                    sealed_at=entry.sealed_at, save_id=entry.save_id)
 
     def _entry_of(self, inode: Inode) -> Entry:
         """The entry a name of ``inode`` has in its directory: the whole object, or for
@@ -69,7 +69,8 @@ class EntryIO:
                      staged=inode.staged and inode.type == "dir",
                      rdev=inode.rdev, xattrs=dict(inode.xattrs),
                      nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
-                     sealed_at=inode.sealed_at)
+                     sealed_at=inode.sealed_at,
+                     save_id=inode.save_id if inode.type == "file" else None)
 
     async def _store(self, fn, *args, abandon_on_cancel: bool = False):
         async with self.st.meta_limiter:
@@ -365,8 +366,11 @@ class EntryIO:
                                   and (rt is None or rt.session is None))
         if inode.link_id:
             inode.remote_nlink = entry.nlink
-        if inode.type == "file" and not inode.dirty and inode.chunks != entry.chunks:
+        if inode.type == "file" and not inode.dirty and (
+                inode.chunks != entry.chunks or inode.save_id != entry.save_id):
+            # (the same bytes saved again elsewhere are another save: its id is taken)
             inode.chunks, inode.size = list(entry.chunks), entry.size
+            inode.save_id = entry.save_id
             if "mtime" not in inode.attrs_unsent:     # a utime here is the later change
                 inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
@@ -416,7 +420,7 @@ class EntryIO:
                 entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except BadEntry:
                 return    # not ours to judge: left for gc and the log
-            if entry_identity(entry) not in idents:
+            if not same_object(entry, idents):
                 log.info("%s holds another object now: left as it is", key)
                 return
             try:
@@ -429,10 +433,25 @@ class EntryIO:
 
 def entry_identity(entry: Entry) -> str:
     """A directory's id; for anything else a digest of what it holds (type, chunks,
-    size, link target, device): the same after a rename or a mode change, different
-    after another version was published."""
+    size, link target, device) and, for a file, ``@`` its save id: the same after a
+    rename or a mode change, different after another version was published -- even one
+    of the same bytes (an empty marker file, a config written again), which is another
+    node's save that a late removal of the old one must leave."""
     if entry.type == "dir":
         return f"dir:{entry.id}"
     what = json.dumps([entry.type, entry.chunks, entry.size, entry.target, entry.rdev,
                        entry.link], default=str)
-    return f"{entry.type}:{hashlib.sha256(what.encode()).hexdigest()}"
+    ident = f"{entry.type}:{hashlib.sha256(what.encode()).hexdigest()}"
+    return f"{ident}@{entry.save_id}" if entry.save_id else ident
+
+
+def same_object(entry: Entry, idents: set[str]) -> bool:
+    """Whether ``entry`` is the object one of ``idents`` names.  Where either side has no
+    save id (an entry or a log record written before save ids, or an entry rewritten
+    by such a node) only what it holds can be compared."""
+    ident = entry_identity(entry)
+    if ident in idents:
+        return True
+    content = ident.partition("@")[0]
+    return any(i.partition("@")[0] == content and (not entry.save_id or "@" not in i)
+               for i in idents)

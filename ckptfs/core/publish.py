@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 import time
+import uuid
 
 import trio
 
@@ -279,15 +280,16 @@ class Publish:
                 # entry first, then this publishes again under the new name).
                 log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
+            save_id = uuid.uuid4().hex      # this save, told from any other of its bytes
             if not inode.link_id:       # (a linked one's names: ``_put_linked``)
                 unsure.note(self.st.ns, inode, self.entries._key_of(inode),
-                            unsure.file_identity(chunks))   # saved before the PUT goes
-            previous = inode.chunks
-            inode.chunks = chunks
+                            unsure.file_identity(chunks, save_id))  # saved before the PUT
+            previous = inode.chunks, inode.save_id
+            inode.chunks, inode.save_id = chunks, save_id
             try:
                 await self.entries._put_entry(inode)
             except BaseException:
-                inode.chunks = previous
+                inode.chunks, inode.save_id = previous
                 self.st.uploader.stats.publish_failures += 1
                 raise
             if inode.ver != ver:

@@ -242,6 +242,7 @@ class Refresh:
         content_changed = inode.chunks != entry.chunks
         inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
         inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
+        inode.save_id = entry.save_id
         inode.target, inode.remote_etag = entry.target, etag
         inode.rdev, inode.xattrs = entry.rdev, dict(entry.xattrs)
         inode.staged = entry.staged and entry.type == "dir"

@@ -13,11 +13,12 @@ from ..format.remote import Entry
 from ..meta.namespace import Inode, Namespace
 
 
-def file_identity(chunks: list[tuple[str, int]]) -> str:
-    """The identity of a file entry holding ``chunks`` (``entry_identity``'s)."""
+def file_identity(chunks: list[tuple[str, int]], save_id: str) -> str:
+    """The identity of a file entry of the save ``save_id`` holding ``chunks``
+    (``entry_identity``'s)."""
     from .entries import entry_identity     # (entries.py uses this module)
     return entry_identity(Entry(type="file", mode=0, size=sum(n for _, n in chunks),
-                                chunks=list(chunks)))
+                                chunks=list(chunks), save_id=save_id))
 
 
 def note(ns: Namespace, inode: Inode, key: str, ident: str) -> None:

@@ -293,6 +293,11 @@ class Entry:
     # Directories: wall time of the seal (retention orders checkpoints by it); absent
     # in entries written before it existed, and in directories never sealed.
     sealed_at: float | None = None
+    # Files: the id of the save that published this content (random, new at every
+    # publish of a closed version, kept by attribute rewrites and renames).  Tells a
+    # newer save of the same bytes from the one a node published (decision 0016);
+    # absent in entries written before it existed.
+    save_id: str | None = None
 
     def claim_is_live(self, now: float, ttl: float) -> bool:
         return self.moving_to is not None and now - self.moving_at < ttl
@@ -309,6 +314,8 @@ class Entry:
             doc["moving_at"] = self.moving_at
         if self.type == "file":
             doc["chunks"] = [[sha, n] for sha, n in self.chunks]
+            if self.save_id is not None:
+                doc["save"] = self.save_id
         if self.type == "dir":
             doc["id"] = self.id
         if self.type == "symlink":
@@ -358,6 +365,9 @@ class Entry:
                 and 0 <= sealed_at < math.inf:
             entry.sealed_at = float(sealed_at)      # anything else: as if absent
         entry.xattrs = _xattrs_from_json(doc.get("xattrs", {}))
+        save_id = doc.get("save")
+        if kind == "file" and isinstance(save_id, str) and _SAVE_ID_RE.match(save_id):
+            entry.save_id = save_id                 # anything else: as if absent
         return entry
 
     @property
@@ -366,6 +376,7 @@ class Entry:
 
 
 _LINK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_SAVE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _is_int(value: object) -> bool:

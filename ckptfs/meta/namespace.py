@@ -106,6 +106,8 @@ class Inode:
     # of the name takes them (its log record, or its store step in sync mode) so that
     # what landed there goes too (entries.py).
     unsure: list[list[str]] = field(default_factory=list)
+    # Files: the save id of the published content (``chunks``): the entry's ``save``.
+    save_id: str | None = None
 
     @property
     def st_mode(self) -> int:

@@ -73,6 +73,15 @@ def umask() -> int:
 # what it gets is that less the umask, on every node.
 CREATE_MODE = 0o644
 NEW_FILE_MODE = CREATE_MODE & ~umask()
+# ... and is owned by the test's user and group, with no extended attributes.
+NEW_FILE_OWNER = (os.getuid(), os.getgid())
+
+
+def user_xattrs(path: Path) -> tuple:
+    """A file's ``user.*`` extended attributes, sorted: ((name, value), ...)."""
+    return tuple(sorted((name, os.getxattr(path, name, follow_symlinks=False))
+                        for name in os.listxattr(path, follow_symlinks=False)
+                        if name.startswith("user.")))
 
 
 def save(path: Path, content: bytes) -> None:
@@ -88,8 +97,9 @@ def save(path: Path, content: bytes) -> None:
 
 @dataclass
 class Observation:
-    """One mount's tree: path -> ("dir",) | ("file", bytes, mode, mtime_ns) | ("error",
-    errno name); mode is ``st_mode & 0o7777``."""
+    """One mount's tree: path -> ("dir",) | ("file", bytes, mode, mtime_ns, (uid, gid),
+    user xattrs) | ("error", errno name); mode is ``st_mode & 0o7777``, the extended
+    attributes ``user_xattrs``'s."""
 
     tree: dict[str, tuple]
     unstable: str = ""      # a name vanished while walking: look again
@@ -125,7 +135,8 @@ def observe(root: Path) -> Observation:
                 try:
                     with open(root / child, "rb") as f:
                         tree[child] = ("file", f.read(), st.st_mode & 0o7777,
-                                       st.st_mtime_ns)
+                                       st.st_mtime_ns, (st.st_uid, st.st_gid),
+                                       user_xattrs(root / child))
                 except FileNotFoundError:
                     return f"{child} vanished before reading"
                 except OSError as exc:
@@ -141,7 +152,7 @@ def same(want: tuple | None, seen: tuple | None) -> bool:
     mtime is checked only where the model knows it (set by utime, not written since)."""
     if want is None or seen is None or want[0] != "file" or want[3] is not None:
         return want == seen
-    return seen[0] == "file" and seen[:3] == want[:3]
+    return seen[0] == "file" and seen[:3] == want[:3] and seen[4:] == want[4:]
 
 
 def matches(seen: dict[str, tuple], want: dict[str, tuple]) -> bool:
@@ -253,8 +264,13 @@ class FileState:
     held: bytes | None = None
     mode: int = NEW_FILE_MODE        # permission bits (st_mode & 0o7777)
     mtime: int | None = None         # the closed version's mtime_ns, when set by utime
-    held_mode: int = NEW_FILE_MODE   # ... and those of the held version
-    held_mtime: int | None = None
+    owner: tuple = NEW_FILE_OWNER    # (uid, gid)
+    xattrs: tuple = ()               # user.* extended attributes: ((name, value), ...)
+    held_attrs: tuple = ()           # (mode, mtime, owner, xattrs) of the held version
+
+    def attrs(self) -> tuple:
+        """(mode, mtime, owner, xattrs): what an observation shows beside the bytes."""
+        return (self.mode, self.mtime, self.owner, self.xattrs)
 
 
 def parent_of(path: str) -> str:
@@ -317,11 +333,11 @@ class Model:
                 continue
             f = self.files[v]
             if f.wmount == mount:
-                out[path] = ("file", f.pending[:f.written], f.mode, None)
+                out[path] = ("file", f.pending[:f.written], f.mode, None, f.owner, f.xattrs)
             elif f.content is not None:
-                out[path] = ("file", f.content, f.mode, f.mtime)
+                out[path] = ("file", f.content, *f.attrs())
             elif f.held is not None:
-                out[path] = ("file", f.held, f.held_mode, f.held_mtime)
+                out[path] = ("file", f.held, *f.held_attrs)
         return out
 
     def partials(self, mount: int) -> set[bytes]:
@@ -371,7 +387,8 @@ class Model:
         path = self.path_of(fid)
         if f.content is None and f.held is not None and path is not None:
             # the name shows what it held again
-            f.content, f.mode, f.mtime, f.held = f.held, f.held_mode, f.held_mtime, None
+            f.content, f.held = f.held, None
+            f.mode, f.mtime, f.owner, f.xattrs = f.held_attrs
         elif f.content is None:
             if path is not None:
                 del self.tree[path]
@@ -394,7 +411,22 @@ class Model:
     def utime(self, path: str, mtime_ns: int) -> int:
         return self._set_attr(path, "mtime", mtime_ns)
 
-    def _set_attr(self, path: str, attr: str, value: int) -> int:
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return self._set_attr(path, "owner", (uid, gid))
+
+    def setxattr(self, path: str, name: str, value: bytes) -> int:
+        """Set ``name`` to ``value`` (None: remove it; ENODATA if it is not there)."""
+        fid = self.fid_at(path)
+        if fid is None:
+            return self._set_attr(path, "xattrs", ())
+        have = dict(self.files[fid].xattrs)
+        if value is None and have.pop(name, None) is None:
+            return errno.ENODATA
+        if value is not None:
+            have[name] = value
+        return self._set_attr(path, "xattrs", tuple(sorted(have.items())))
+
+    def _set_attr(self, path: str, attr: str, value: object) -> int:
         """(Only a file's attributes are modelled: a directory's change and are not
         checked.)"""
         v = self.tree.get(path)
@@ -460,11 +492,9 @@ class Model:
             replaced = self.files[dv]
             if moving.content is None:       # no closed version yet: the name holds on
                 if replaced.content is not None:
-                    moving.held, moving.held_mode, moving.held_mtime = \
-                        replaced.content, replaced.mode, replaced.mtime
+                    moving.held, moving.held_attrs = replaced.content, replaced.attrs()
                 else:
-                    moving.held, moving.held_mode, moving.held_mtime = \
-                        replaced.held, replaced.held_mode, replaced.held_mtime
+                    moving.held, moving.held_attrs = replaced.held, replaced.held_attrs
             del self.tree[dst]
             self._drop(dv)
         self.tree[dst] = self.tree.pop(src)

@@ -6,11 +6,12 @@ mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held open a
 steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh node replacing
 one, gc, pairs of operations racing on the two nodes, one node racing itself (renames
 over fresh targets and back, lstat after each), a byte rotting in a node's chunk cache,
-chmod and utime (an explicit mtime) of closed files, and outages of the store both nodes
-share (refuse, 403, 503, hang) with steps going on during them.  Every daemon runs under
+chmod, utime (an explicit mtime), chown and user.* setxattr/removexattr of closed
+files, and outages of the store both nodes share (refuse, 403, 503, hang) with steps
+going on during them.  Every daemon runs under
 a low descriptor limit.  After every step what each mount shows (listing + content and
-permission bits of every file, and its mtime where a utime set it and nothing wrote it
-since) must be a state the model allows:
+permission bits, owner and user.* extended attributes of every file, and its mtime
+where a utime set it and nothing wrote it since) must be a state the model allows:
 
 - safety, at every observation: every file's content is exactly ONE closed version
   (never a mix, never the torn bytes of a killed or still-open writer) -- except on the
@@ -21,8 +22,9 @@ since) must be a state the model allows:
   that a file renamed before its first close over one with a closed version leaves the
   name showing that version to other nodes until its own lands (DESIGN.md promise 2;
   the name's last version comes back if its writer is killed); a file's mode is the one
-  it was created with (0o644 less the umask) or last chmodded to, kept by a save over
-  it, carried by a rename;
+  it was created with (0o644 less the umask) or last chmodded to -- and its owner and
+  extended attributes the last chown's and setxattr's -- kept by a save over it,
+  carried by a rename;
 - the node that made a step shows it at once (POSIX on one node);
 - after racing operations, every node converges to the result of one of their two
   serial orders;
@@ -72,8 +74,9 @@ from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
 from support.logcheck import bad_records, daemon_logs
 from support.posix import fill_file_system
 from support.proxy import FaultProxy
-from model_support import (CREATE_MODE, PIECE, BgWriter, Model, Observation, describe,
-                           digest, matches, observe, parent_of, same, save, version_bytes)
+from model_support import (CREATE_MODE, NEW_FILE_OWNER, PIECE, BgWriter, Model,
+                           Observation, describe, digest, matches, observe, parent_of,
+                           same, save, version_bytes)
 
 # Taken out of the environment: the daemons this test starts inherit it, and ckptfs
 # refuses unknown CKPTFS_* settings.
@@ -100,6 +103,12 @@ TRUNCATE_SIZES = [0, 10, 5_000, 65_536, 70_000, 150_000]
 MODES = [0o400, 0o600, 0o640, 0o644, 0o664, 0o700, 0o755, 0o1755]
 MTIMES = [0, 1_000_000_000_123_456_789, 1_700_000_000_000_000_001,
           2_000_000_000_999_999_999]
+# Owners a chown gives (only root may give a file away: as another user, its own only).
+OWNERS = [(0, 0), (1000, 1000), (1000, 0), (65534, 65534)] if os.geteuid() == 0 \
+    else [(os.getuid(), os.getgid())]
+# user.* extended attributes a setxattr sets (a value of None removes the name).
+XATTRS = [("user.a", b"1"), ("user.a", b"two"), ("user.b", b""), ("user.a", None),
+          ("user.b", b"\x00\xffbinary")]
 FILE_NAMES = ["f0", "f1", "f2"]
 DIR_NAMES = ["d0", "d1"]
 # A mount must reach the model within this (kernel entry/attr cache + listing TTL, plus
@@ -445,9 +454,11 @@ class ModelMachine(RuleBasedStateMachine):
         if seen is None:
             return "nothing"
         if seen[0] == "file":
-            _, data, mode, mtime = seen
+            _, data, mode, mtime, owner, xattrs = seen
             return (f"{describe(data, self.closed)}, mode {mode:04o}"
-                    f"{'' if mtime is None else f', mtime_ns {mtime}'}")
+                    f"{'' if mtime is None else f', mtime_ns {mtime}'}"
+                    f"{'' if owner == NEW_FILE_OWNER else f', owner {owner[0]}:{owner[1]}'}"
+                    f"{'' if not xattrs else f', xattrs {dict(xattrs)}'}")
         return " ".join(str(s) for s in seen)
 
     def check(self, acting: int | None) -> None:
@@ -644,11 +655,12 @@ class ModelMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.model.file_paths() and "attrs" not in SKIP)
     @rule(data=st.data(), m=st.integers(0, 1),
-          what=st.sampled_from(["chmod", "chmod", "utime"]))
+          what=st.sampled_from(["chmod", "chmod", "utime", "chown", "xattr"]))
     def file_attrs(self, data, m, what):
-        """chmod, or os.utime to an explicit mtime, of a closed file: its node shows it at
-        once, every node converges to it; a save over the file keeps its mode, a rename
-        carries it.  In a sync store fault (or with the state dir full) it goes through
+        """chmod, os.utime to an explicit mtime, chown or a user.* setxattr (or its
+        removal) of a closed file: its node shows it at once, every node converges to it;
+        a save over the file keeps its mode, owner and extended attributes, a rename
+        carries them.  In a sync store fault (or with the state dir full) it goes through
         ``fault_act``: it succeeds, or fails with EIO and then happened or not, never
         half; async, it succeeds on its node and lands after the outage."""
         outage = self.fault is not None and (self.sync or self.fault == "full")
@@ -665,15 +677,31 @@ class ModelMachine(RuleBasedStateMachine):
         if what == "chmod":
             mode = data.draw(st.sampled_from(MODES), label="mode")
             op, text = ("chmod", path, mode), f"chmod {mode:04o} {path}"
-        else:
+        elif what == "utime":
             mtime = data.draw(st.sampled_from(MTIMES), label="mtime_ns")
             op, text = ("utime", path, mtime), f"utime {path} mtime_ns={mtime}"
+        elif what == "chown":
+            uid, gid = data.draw(st.sampled_from(OWNERS), label="owner")
+            op, text = ("chown", path, uid, gid), f"chown {uid}:{gid} {path}"
+        else:
+            name, value = data.draw(st.sampled_from(XATTRS), label="xattr")
+            op, text = ("setxattr", path, name, value), _xattr_text(path, name, value)
         if outage:
             self.fault_act(m, op, text)
             return
         self.note(f"{'AB'[m]}: {text}")
-        self.do(m, op)
-        assert self.model.apply(op) == 0
+        want = self.model.copy().apply(op)
+        try:
+            self.do(m, op)
+        except OSError as exc:
+            if exc.errno != want or not want:
+                self.fail(f"{text} on {'AB'[m]} failed: {exc}; the model gives "
+                          f"{errno.errorcode.get(want, 'success')}")
+        else:
+            if want:
+                self.fail(f"{text} on {'AB'[m]} succeeded; the model gives "
+                          f"{errno.errorcode[want]}")
+        assert self.model.apply(op) == want
         if self.fault is not None:
             # async: a change made in the outage is pending like a closed file
             self.fault_saved.setdefault(m, set()).add(self.model.fid_at(path))
@@ -1055,6 +1083,12 @@ class ModelMachine(RuleBasedStateMachine):
             os.chmod(self.abs(m, path), args[0])
         elif kind == "utime":
             os.utime(self.abs(m, path), ns=(args[0], args[0]))
+        elif kind == "chown":
+            os.chown(self.abs(m, path), args[0], args[1])
+        elif kind == "setxattr" and args[1] is None:
+            os.removexattr(self.abs(m, path), args[0])
+        elif kind == "setxattr":
+            os.setxattr(self.abs(m, path), args[0], args[1])
         else:
             getattr(os, kind)(self.abs(m, path))
 
@@ -1219,6 +1253,8 @@ class ModelMachine(RuleBasedStateMachine):
             ops.append(("write", f, 40_000))
             ops.append(("chmod", f, MODES[len(ops) % len(MODES)]))
             ops.append(("utime", f, MTIMES[len(ops) % len(MTIMES)]))
+            ops.append(("chown", f, *OWNERS[len(ops) % len(OWNERS)]))
+            ops.append(("setxattr", f, *XATTRS[len(ops) % len(XATTRS)]))
             for g in files + self.new_file_paths():
                 if g != f:
                     ops.append(("rename", f, g))
@@ -1245,6 +1281,9 @@ class ModelMachine(RuleBasedStateMachine):
                 self.closed_version(content, f"v{vid}")
                 model_ops.append(("write", op[1], content))
                 texts.append(f"save {op[1]} = v{vid} ({op[2]} B)")
+            elif op[0] == "setxattr":
+                model_ops.append(op)
+                texts.append(_xattr_text(*op[1:]))
             else:
                 model_ops.append(op)
                 texts.append(" ".join(f"{x:04o}" if op[0] == "chmod" and isinstance(x, int)
@@ -1280,6 +1319,11 @@ class ModelMachine(RuleBasedStateMachine):
             self.converge(None, candidates)
         else:
             self.sync_all(candidates)
+
+
+def _xattr_text(path: str, name: str, value: bytes | None) -> str:
+    return f"removexattr {path} {name}" if value is None else \
+        f"setxattr {path} {name}={value!r}"
 
 
 def _settings() -> settings:
