@@ -729,7 +729,10 @@ class ModelMachine(RuleBasedStateMachine):
             return
         if not self.sync and self.model.holds_on_rename(src, dst) and self.unsynced:
             # Async: whether the store has dst's last closed version yet (the one the
-            # name holds on to) is a race the model cannot call; durable first.
+            # name holds on to) is a race the model cannot call; durable first -- which
+            # cannot be in a store fault (`wait` would wait for its end): not now.
+            if self.fault is not None:
+                return
             self.sync_all()
         self.note(f"{'AB'[m]}: rename {src} -> {dst}")
         os.rename(self.abs(m, src), self.abs(m, dst))
