@@ -366,11 +366,9 @@ class EntryIO:
                                   and (rt is None or rt.session is None))
         if inode.link_id:
             inode.remote_nlink = entry.nlink
-        if inode.type == "file" and not inode.dirty and (
-                inode.chunks != entry.chunks or inode.save_id != entry.save_id):
-            # (the same bytes saved again elsewhere are another save: its id is taken)
-            inode.chunks, inode.size = list(entry.chunks), entry.size
-            inode.save_id = entry.save_id
+        if inode.type == "file" and not inode.dirty and \
+                (inode.chunks, inode.save_id) != (entry.chunks, entry.save_id):  # new save
+            inode.chunks, inode.size, inode.save_id = list(entry.chunks), entry.size, entry.save_id
             if "mtime" not in inode.attrs_unsent:     # a utime here is the later change
                 inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
