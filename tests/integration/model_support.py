@@ -279,8 +279,9 @@ def parent_of(path: str) -> str:
 
 @dataclass
 class Model:
-    """What the namespace must be: path -> DIR or a file id; file id -> FileState.
-    Operations return 0 or the errno POSIX gives, and change nothing on error."""
+    """What the namespace must be: path -> DIR or a file id; file id -> FileState (a
+    hard-linked file's names share one id).  Operations return 0 or the errno POSIX
+    gives, and change nothing on error."""
 
     tree: dict[str, object] = field(default_factory=dict)
     files: dict[int, FileState] = field(default_factory=dict)
@@ -345,7 +346,8 @@ class Model:
 
     # operations
     def _drop(self, fid: int) -> None:
-        if self.files[fid].wmount is None:
+        """A name of ``fid`` went: the file goes with its last name and last writer."""
+        if self.files[fid].wmount is None and self.path_of(fid) is None:
             del self.files[fid]
 
     def write(self, path: str, content: bytes) -> int:
@@ -472,6 +474,8 @@ class Model:
         if src == dst:
             return 0
         sv, dv = self.tree[src], self.tree.get(dst)
+        if sv == dv:
+            return 0        # two names of one file: POSIX leaves both
         if sv == DIR:
             if dst.startswith(src + "/"):
                 return errno.EINVAL
@@ -498,6 +502,20 @@ class Model:
             del self.tree[dst]
             self._drop(dv)
         self.tree[dst] = self.tree.pop(src)
+        return 0
+
+    def link(self, src: str, dst: str) -> int:
+        """A hard link ``dst`` to the file ``src``."""
+        v = self.tree.get(src)
+        if v is None:
+            return errno.ENOENT
+        if v == DIR:
+            return errno.EPERM
+        if not self.is_dir(parent_of(dst)):
+            return errno.ENOENT
+        if dst in self.tree:
+            return errno.EEXIST
+        self.tree[dst] = v
         return 0
 
     def holds_on_rename(self, src: str, dst: str) -> bool:

@@ -2,13 +2,13 @@
 
 Two mounts (A = 0, B = 1: separate daemons, own state dirs) over ONE store run random
 sequences of saves, overwrites, truncates, renames of files and directories, unlinks,
-mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held open across
-steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh node replacing
-one, gc, pairs of operations racing on the two nodes, one node racing itself (renames
-over fresh targets and back, lstat after each), a byte rotting in a node's chunk cache,
-chmod, utime (an explicit mtime), chown and user.* setxattr/removexattr of closed
-files, and outages of the store both nodes share (refuse, 403, 503, hang) with steps
-going on during them.  Every daemon runs under
+hard links, mkdir/rmdir, fsync and a subprocess in the middle of a save, writers held
+open across steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a fresh
+node replacing one, gc, pairs of operations racing on the two nodes, one node racing
+itself (renames over fresh targets and back, lstat after each), a byte rotting in a
+node's chunk cache, chmod, utime (an explicit mtime), chown and user.* setxattr/
+removexattr of closed files, and outages of the store both nodes share (refuse, 403,
+503, hang) with steps going on during them.  Every daemon runs under
 a low descriptor limit.  After every step what each mount shows (listing + content and
 permission bits, owner and user.* extended attributes of every file, and its mtime
 where a utime set it and nothing wrote it since) must be a state the model allows:
@@ -779,6 +779,25 @@ class ModelMachine(RuleBasedStateMachine):
         assert self.model.unlink(path) == 0
         self.check(m)
 
+    @precondition(lambda self: self.model.file_paths() and "link" not in SKIP)
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def file_link(self, data, m):
+        """A hard link to a closed file: every name shows the file's content and
+        attributes, a save through one name shows through all of them, and a file goes
+        only with its last name -- on every node."""
+        if not self.before_step(m):
+            return
+        src = self.pick(data, self.closed_files(m), "src")
+        if src is None:
+            return
+        dst = self.pick(data, self.new_file_paths(), "dst")
+        if dst is None:
+            return
+        self.note(f"{'AB'[m]}: link {src} {dst}")
+        os.link(self.abs(m, src), self.abs(m, dst))
+        assert self.model.link(src, dst) == 0
+        self.check(m)
+
     @precondition(lambda self: len(self.model.dirs()) < 4)
     @rule(data=st.data(), m=st.integers(0, 1))
     def tree_mkdir(self, data, m):
@@ -1082,6 +1101,8 @@ class ModelMachine(RuleBasedStateMachine):
             save(self.abs(m, path), args[0])
         elif kind == "rename":
             os.rename(self.abs(m, path), self.abs(m, args[0]))
+        elif kind == "link":
+            os.link(self.abs(m, path), self.abs(m, args[0]))
         elif kind == "chmod":
             os.chmod(self.abs(m, path), args[0])
         elif kind == "utime":
@@ -1263,6 +1284,8 @@ class ModelMachine(RuleBasedStateMachine):
                     ops.append(("rename", f, g))
         for g in self.new_file_paths()[:2]:
             ops.append(("write", g, 40_000))
+            if "link" not in SKIP:
+                ops += [("link", f, g) for f in files]
         return ops
 
     @precondition(lambda self: self.fault is None and not self.writers
