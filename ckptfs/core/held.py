@@ -126,7 +126,7 @@ class HeldEntries:
         """Sync: as ``release``, at once (an unanswered entry is forgotten only once
         the store has answered its deletion)."""
         key = entry_key(dir_id_of(parent), name)
-        maybe = [ident for k, ident in inode.unsure if k == key]
+        maybe = unsure.under(inode, key)
         ident = self.take(inode, parent, name)
         if ident is not None or maybe:
             await self.entries._delete_if_same(key, ident, *maybe)

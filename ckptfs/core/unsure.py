@@ -35,10 +35,15 @@ def answered(inode: Inode, key: str) -> None:
     inode.unsure = [u for u in inode.unsure if u[0] != key]
 
 
+def under(inode: Inode, key: str) -> list[str]:
+    """The identities noted under ``key`` (kept)."""
+    return [ident for k, ident in inode.unsure if k == key]
+
+
 def take(inode: Inode, key: str) -> list[str]:
     """The identities noted under ``key``, handed to the caller -- a rename's or a
     removal's record or store step -- and forgotten here (the caller saves)."""
-    taken = [ident for k, ident in inode.unsure if k == key]
+    taken = under(inode, key)
     if taken:
         answered(inode, key)
     return taken
