@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from support.mounts import eventually, run_ckptfs
+from support.mounts import eventually, fresh, run_ckptfs
 
 MiB = 1 << 20
 
@@ -217,3 +217,34 @@ def test_sync_mode_answers_what_it_knows_and_fails_an_uncached_read_in_bounded_t
     assert took < 3 + 30, took       # store_timeout, and a generous margin for the VM
     store_proxy.proxy.mode = "pass"
     assert len((mnt.path / "run" / "theirs.bin").read_bytes()) == MiB
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
+@pytest.mark.parametrize("content", [b"", b'{"hidden_size": 8}\n'], ids=["empty", "same"])
+def test_a_late_removal_leaves_another_nodes_save_of_the_same_bytes(store, make_mount,
+                                                                    tmp_path, content):
+    """Node A (async) removes ``run/_SUCCESS`` while the store refuses its deletes; node
+    B then saves ``run/_SUCCESS`` again with the same bytes and is told it is saved.
+    When A's removal reaches the store, B's save must stay: on B, on A, on a fresh node
+    (decision 0016, stop 41: identities told the two saves apart by content only)."""
+    control = tmp_path / "faults-a.json"
+    control.write_text(json.dumps({"rules": []}))
+    a = make_mount(store, name="a", durability="async", faults={"control_file": str(control)})
+    b = make_mount(store, name="b", durability="async")
+    (a.path / "run").mkdir()
+    (a.path / "run" / "_SUCCESS").write_bytes(content)
+    run_ckptfs("wait", str(a.path), check=True, timeout=120)
+    assert (b.path / "run" / "_SUCCESS").read_bytes() == content
+    control.write_text(json.dumps({"rules": [{"op": "delete", "kind": "transient"}]}))
+    os.unlink(a.path / "run" / "_SUCCESS")
+    assert run_ckptfs("wait", str(a.path), "--timeout", "2").returncode != 0, \
+        "A said its removal was in the store while the store refused it"
+    with open(b.path / "run" / "_SUCCESS", "wb") as f:       # B's view: still there
+        f.write(content)
+    run_ckptfs("wait", str(b.path), check=True, timeout=120)
+    control.write_text(json.dumps({"rules": []}))
+    run_ckptfs("wait", str(a.path), check=True, timeout=120)
+    for node in (b, fresh(make_mount, store)):
+        assert sorted(os.listdir(node.path / "run")) == ["_SUCCESS"], node.name
+        assert (node.path / "run" / "_SUCCESS").read_bytes() == content
+    eventually(lambda: sorted(os.listdir(a.path / "run")) == ["_SUCCESS"], timeout=30)
