@@ -70,7 +70,7 @@ class EntryIO:
                      rdev=inode.rdev, xattrs=dict(inode.xattrs),
                      nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
                      sealed_at=inode.sealed_at,
-                     save_id=inode.save_id if inode.type == "file" else None)
+                     save_id=inode.save_id if inode.type != "dir" else None)
 
     async def _store(self, fn, *args, abandon_on_cancel: bool = False):
         async with self.st.meta_limiter:
@@ -366,6 +366,7 @@ class EntryIO:
                                   and (rt is None or rt.session is None))
         if inode.link_id:
             inode.remote_nlink = entry.nlink
+        inode.save_id = inode.save_id if inode.type == "file" else entry.save_id  # (below)
         if inode.type == "file" and not inode.dirty and \
                 (inode.chunks, inode.save_id) != (entry.chunks, entry.save_id):  # new save
             inode.chunks, inode.size, inode.save_id = list(entry.chunks), entry.size, entry.save_id

@@ -13,6 +13,7 @@ from ..meta.oplog import Blocked, OpDropped
 from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
+from . import unsure
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -272,8 +273,11 @@ class MetaLogApply:
             elif inode.link_id:
                 await self.entries._put_entry(inode)    # its shared object and every name
             else:
-                etag = await self.entries._store(self.st.store.put, key,
-                                         self.entries._entry_of(inode).to_json())
+                entry = self.entries._entry_of(inode)
+                # Noted before it goes (decision 0016): a removal meanwhile takes it.
+                unsure.note(self.st.ns, inode, key, self.entries._identity(inode)["ident"])
+                etag = await self.entries._store(self.st.store.put, key, entry.to_json())
+                unsure.answered(inode, key)
                 inode.published, inode.remote_etag, inode.attrs_unsent = True, etag, []
                 self.st.ns.save(inode)
                 await self.entries.landed(key)

@@ -213,7 +213,7 @@ class Names:
         self.st._touch_dir(parent)
         return await self._publish_new_name(parent, name, functools.partial(
             self.st.ns.new_inode, parent, name, "symlink", 0o777, uid, gid, target=target,
-            size=len(target)))
+            size=len(target), save_id=uuid.uuid4().hex))
 
     async def _publish_new_name(self, parent: int, name: bytes,
                                 make: Callable[[], Inode]) -> Inode:
@@ -270,8 +270,12 @@ class Names:
         await self._check_absent(parent, name)
         self.st._dir(parent)
         self.st._touch_dir(parent)
+        # An empty regular file is a save like any publish: its own save id (decision
+        # 0016), or a late removal of another node's empty file matches it on content.
+        save_id = uuid.uuid4().hex      # (a special file's too: made again is another)
         return await self._publish_new_name(parent, name, functools.partial(
-            self.st.ns.new_inode, parent, name, kind, mode, uid, gid, rdev=rdev))
+            self.st.ns.new_inode, parent, name, kind, mode, uid, gid, rdev=rdev,
+            save_id=save_id))
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int,

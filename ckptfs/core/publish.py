@@ -281,15 +281,16 @@ class Publish:
                 log.debug("inode %d changed while uploading; publishing again", ino)
                 return False
             save_id = uuid.uuid4().hex      # this save, told from any other of its bytes
+            noted = [self.entries._key_of(inode), unsure.file_identity(chunks, save_id)]
             if not inode.link_id:       # (a linked one's names: ``_put_linked``)
-                unsure.note(self.st.ns, inode, self.entries._key_of(inode),
-                            unsure.file_identity(chunks, save_id))  # saved before the PUT
+                unsure.note(self.st.ns, inode, *noted)      # saved before the PUT
             previous = inode.chunks, inode.save_id
             inode.chunks, inode.save_id = chunks, save_id
             try:
                 await self.entries._put_entry(inode)
             except BaseException:
-                inode.chunks, inode.save_id = previous
+                if inode.link_id or noted in inode.unsure:  # (answered: saved, stays)
+                    inode.chunks, inode.save_id = previous
                 self.st.uploader.stats.publish_failures += 1
                 raise
             if inode.ver != ver:

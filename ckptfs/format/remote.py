@@ -314,8 +314,8 @@ class Entry:
             doc["moving_at"] = self.moving_at
         if self.type == "file":
             doc["chunks"] = [[sha, n] for sha, n in self.chunks]
-            if self.save_id is not None:
-                doc["save"] = self.save_id
+        if self.save_id is not None and self.type not in ("dir", "link"):
+            doc["save"] = self.save_id
         if self.type == "dir":
             doc["id"] = self.id
         if self.type == "symlink":
@@ -366,7 +366,7 @@ class Entry:
             entry.sealed_at = float(sealed_at)      # anything else: as if absent
         entry.xattrs = _xattrs_from_json(doc.get("xattrs", {}))
         save_id = doc.get("save")
-        if kind == "file" and isinstance(save_id, str) and _SAVE_ID_RE.match(save_id):
+        if kind not in ("dir", "link") and isinstance(save_id, str) and _SAVE_ID_RE.match(save_id):
             entry.save_id = save_id                 # anything else: as if absent
         return entry
 

@@ -1,0 +1,207 @@
+"""Review of the save-id change (decision 0016, "A late removal and another node's save
+of the same bytes"): holes where an entry without a save id, or an inode whose save id
+is not the one the store has under its name, lets a late removal take a save its
+writer was told is saved, or leave a removed name behind."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import trio
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore, TransientStoreError
+from support.core import WRITE_NEW, me, open_core, two_cores
+
+
+def run(tmp_path, body, **config) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        cfg = dict(durability="async", metadata_ttl=30.0)
+        cfg.update(config)
+        async with two_cores(tmp_path, store, Config(**cfg)) as (a, b):
+            await body(a, b, store)
+    trio.run(main)
+
+
+async def save_over(node, ino: int, data: bytes) -> None:
+    handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
+    await node.fs.write(handle.fh, 0, data)
+    await node.fs.flush(handle.fh)
+    await node.fs.release(handle.fh)
+
+
+def refuse_deletes(store, key: str = "dirs/root/f0"):
+    def before(call) -> None:
+        raise TransientStoreError("connection refused")
+    return store.before(before, "delete", prefix=key)
+
+
+def test_a_late_removal_of_a_mknod_file_leaves_another_nodes_empty_save(tmp_path):
+    """``mknod(S_IFREG)`` publishes an empty file at once -- with no save id.  Another
+    node saves the name again, empty (``touch``-style marker rewritten, ``: > f0``),
+    and is told it is saved; this node's removal, journaled before, lands late.  Its
+    record's identity has no save id, so ``same_object`` falls back to content and
+    takes B's save -- the very case decision 0016's save id was made for."""
+    async def body(a, b, store) -> None:
+        await a.fs.mknod(ROOT_INO, b"f0", stat.S_IFREG | 0o644, 0, 0, 0)
+        await a.fs.wait_idle()
+        assert store.get("dirs/root/f0")
+        ino_b = await b.resolve("f0")
+        refused = refuse_deletes(store)
+        await a.fs.unlink(ROOT_INO, b"f0")            # journaled; its delete waits
+        await trio.sleep(0.2)
+        await save_over(b, ino_b, b"")                 # B saves f0 again, same bytes
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        assert store.get("dirs/root/f0")
+        refused.remove()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        objects = [o.key for o in store.list("dirs/root/")]
+        assert "dirs/root/f0" in objects, "A's late removal took B's newer save"
+    run(tmp_path, body)
+
+
+def test_a_late_removal_leaves_a_file_another_node_made_again_with_mknod(tmp_path):
+    """The other side of the fallback: A saved f0 (empty, with a save id); B (sync)
+    removes it and makes it again with ``mknod`` (an entry with no save id, same
+    content), and is told it exists.  A's removal of its own f0, journaled before B's,
+    lands late: the entry without a save id matches on content and B's new file goes."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with open_core(tmp_path / "a", store, Config(durability="async",
+                                                           metadata_ttl=30.0)) as a, \
+                open_core(tmp_path / "b", store, Config(durability="sync",
+                                                        metadata_ttl=30.0)) as b:
+            handle, _ = await a.create(ROOT_INO, b"f0", 0o644, WRITE_NEW, 0, 0, me())
+            await a.flush(handle.fh)
+            await a.release(handle.fh)
+            await a.wait_idle()
+            await b.lookup(ROOT_INO, b"f0")
+
+            def refuse_conditional(call) -> None:       # A's journaled delete only
+                if call.if_match is not None:
+                    raise TransientStoreError("connection refused")
+            refused = store.before(refuse_conditional, "delete", prefix="dirs/root/f0")
+            await a.unlink(ROOT_INO, b"f0")             # journaled; its delete waits
+            await trio.sleep(0.2)
+            await b.unlink(ROOT_INO, b"f0")             # sync: gone from the store
+            await b.mknod(ROOT_INO, b"f0", stat.S_IFREG | 0o644, 0, 0, 0)
+            assert store.get("dirs/root/f0")            # B's new file is in the store
+            refused.remove()
+            with trio.fail_after(60):
+                await a.wait_idle()
+            objects = [o.key for o in store.list("dirs/root/")]
+            assert "dirs/root/f0" in objects, "A's late removal took B's new file"
+    trio.run(main)
+
+
+def test_a_late_removal_leaves_a_symlink_another_node_made_again(tmp_path):
+    """The same race for a symlink (and any special file): its identity is its content
+    alone (type, target), so a symlink another node removed and made again with the same
+    target -- ``ln -sfn latest ckpt-7`` style, told it exists -- is taken by this node's
+    removal of the old one, journaled before and landing late."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with open_core(tmp_path / "a", store, Config(durability="async",
+                                                           metadata_ttl=30.0)) as a, \
+                open_core(tmp_path / "b", store, Config(durability="sync",
+                                                        metadata_ttl=30.0)) as b:
+            await a.symlink(ROOT_INO, b"f0", b"ckpt-7", 0, 0)
+            await a.wait_idle()
+            await b.lookup(ROOT_INO, b"f0")
+
+            def refuse_conditional(call) -> None:       # A's journaled delete only
+                if call.if_match is not None:
+                    raise TransientStoreError("connection refused")
+            refused = store.before(refuse_conditional, "delete", prefix="dirs/root/f0")
+            await a.unlink(ROOT_INO, b"f0")             # journaled; its delete waits
+            await trio.sleep(0.2)
+            await b.unlink(ROOT_INO, b"f0")             # sync: gone from the store
+            await b.symlink(ROOT_INO, b"f0", b"ckpt-7", 0, 0)
+            assert store.get("dirs/root/f0")
+            refused.remove()
+            with trio.fail_after(60):
+                await a.wait_idle()
+            objects = [o.key for o in store.list("dirs/root/")]
+            assert "dirs/root/f0" in objects, "A's late removal took B's new symlink"
+    trio.run(main)
+
+
+def test_a_publish_that_fails_after_its_put_landed_keeps_the_save_id_it_sent(tmp_path):
+    """A publish whose entry PUT was answered, but whose step after it failed (the
+    check of the directory's removal mark, ``EntryIO.landed``: a GET that can fail),
+    puts back the previous chunks *and save id* in memory -- while the store has the
+    new save, the inode's ETag is the new one and the unanswered-PUT note was cleared
+    (the PUT was answered).  The file saved again with the same bytes and then removed:
+    the removal's identity names the old save, the store holds the new one, and the
+    removed file stays in the store (before save ids, content alone matched)."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with open_core(tmp_path / "a", store, Config(durability="async",
+                                                           metadata_ttl=0.05)) as fs:
+            d = await fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
+            await fs.wait_idle()
+            key = f"dirs/{d.dir_id}/f0"
+            handle, inode = await fs.create(d.ino, b"f0", 0o644, WRITE_NEW, 0, 0, me())
+            await fs.write(handle.fh, 0, b"config v1\n")
+            await fs.flush(handle.fh)
+            await fs.release(handle.fh)
+            await fs.wait_idle()
+            first = store.get(key)[0]
+            hooks = []
+
+            def refuse(call) -> None:
+                raise TransientStoreError("connection refused")
+
+            def mark_check_fails(call) -> None:     # the GET of d's removal mark
+                hooks.append(store.before(refuse, "put", prefix=key))  # retries wait
+                raise TransientStoreError("connection reset")
+            hooks.append(store.before(mark_check_fails, "get", prefix="removed/", times=1))
+            handle = await fs.open(inode.ino, os.O_WRONLY | os.O_TRUNC, me())
+            await fs.write(handle.fh, 0, b"config v1\n")    # saved again, same bytes
+            await fs.flush(handle.fh)
+            await fs.release(handle.fh)
+            with trio.fail_after(10):
+                while len(hooks) < 2:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.1)
+            assert store.get(key)[0] != first           # the new save is in the store
+            await fs.unlink(d.ino, b"f0")
+            for hook in hooks:
+                hook.remove()
+            with trio.fail_after(60):
+                await fs.wait_idle()
+            assert [o.key for o in store.list(f"dirs/{d.dir_id}/")] == [], \
+                "a removed file stayed in the store"
+    trio.run(main)
+
+
+def test_a_symlink_whose_put_answer_was_lost_goes_with_its_removal(tmp_path):
+    """(Beside the save id, same family as ``test_lost_reply_entries``.)  Async: a
+    symlink's (or special file's, or mknod'd empty file's) entry PUT is its log record
+    ``put`` (``MetaLogApply._exec_put``): no unanswered-PUT note is taken before it.
+    Its answer lost, the record waits; the name is removed here meanwhile -- the
+    record then does nothing, the removal has nothing to delete (never published) --
+    and the landed entry stays: a removed name back from the dead."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with open_core(tmp_path / "a", store, Config(durability="async",
+                                                           metadata_ttl=0.05)) as fs:
+            def lose_answer(call) -> None:
+                raise TransientStoreError("connection reset (answer lost)")
+            hook = store.after(lose_answer, "put", prefix="dirs/root/s0", times=1)
+            await fs.symlink(ROOT_INO, b"s0", b"target", 0, 0)
+            with trio.fail_after(10):
+                while not [o for o in store.list("dirs/root/")]:
+                    await trio.sleep(0.01)
+            await fs.unlink(ROOT_INO, b"s0")
+            hook.remove()
+            with trio.fail_after(60):
+                await fs.wait_idle()
+            assert [o.key for o in store.list("dirs/root/")] == [], \
+                "a removed symlink stayed in the store"
+    trio.run(main)
