@@ -22,6 +22,7 @@ from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
 from . import unsure
+from .conflicts import NameTaken
 from .critical import no_await
 from .state import CoreState, dir_id_of, link_id_of
 
@@ -174,12 +175,11 @@ class EntryIO:
     async def _keep_attributes(self, inode: Inode, key: str) -> str | None:
         """The entry under ``key`` changed since this node's view of it.  A save over a
         file keeps the mode, owner and ``user.*`` attributes the store's file has now
-        (another node's chmod, which that node was told is saved, stays), as POSIX
-        keeps them across an ``O_TRUNC`` write -- unless this node changed its own since
-        (``attrs_unsent``): the later change is then this node's.  The content and mtime
-        are this save's whatever the store has (the last close wins, decision 0005).
-        Returns the ETag to write over; None where the name is gone (the save writes it
-        again, as before)."""
+        (another node's chmod stays), as POSIX keeps them across an ``O_TRUNC`` write,
+        unless this node changed its own since (``attrs_unsent``).  The content and
+        mtime are this save's (the last close wins, decision 0005).  Returns the ETag
+        to write over; None where the name is gone (written again); NameTaken where it
+        is no file now (a directory another node made: never written over)."""
         try:
             body, etag = await self._store(self.st.store.get, key)
         except NotFound:
@@ -188,8 +188,9 @@ class EntryIO:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry:
             return etag         # written over, as an unconditional save did
-        if entry.type == "file":
-            self._take_attributes(inode, entry, mtime=False)
+        if entry.type != "file":
+            raise NameTaken(f"another node made {key} a {entry.type}")
+        self._take_attributes(inode, entry, mtime=False)
         return etag
 
     def _take_attributes(self, inode: Inode, entry: Entry, *, mtime: bool) -> None:

@@ -14,6 +14,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 from . import unsure
+from .conflicts import NameTaken, keep_under_own_name
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -25,11 +26,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-class NameTaken(Exception):
-    """The name a journaled ``mkdir`` creates holds another node's object that is not a
-    directory (or cannot be read): not joinable."""
 
 
 class MetaLogApply:
@@ -111,15 +107,7 @@ class MetaLogApply:
         directory keeps everything under a visible name of its own,
         ``NAME.ckptfs-conflict-<node>`` (said once), and its record is retried under it
         (decision 0016: a conflict never deletes)."""
-        base = inode.name + b".ckptfs-conflict-" + self.st.leases.node_id.encode()[:12]
-        name, n = base, 1
-        while self.st.ns.lookup(inode.parent, name) is not None:
-            n += 1
-            name = base + b"-" + str(n).encode()
-        log.warning("%s: %s; this node's directory is kept as %s", self.st._path_for_log(inode),
-                    why, name.decode(errors="replace"))
-        self.st.ns.move(inode, inode.parent, name)
-        self.st._touch_dir(inode.parent)
+        name = keep_under_own_name(self.st, inode, why, "directory")
         self.st.oplog.update(seq, {**record, "name": name.hex(), "retry_now": True})
 
     async def _join_dir(self, inode: Inode, key: str) -> None:

@@ -18,6 +18,7 @@ from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from . import unsure
+from .conflicts import NameTaken, keep_under_own_name
 from .critical import no_await
 from .state import STAGING_FULL_MARGIN, CoreState, Handle, Runtime, Session
 from typing import TYPE_CHECKING
@@ -287,7 +288,7 @@ class Publish:
             previous = inode.chunks, inode.save_id
             inode.chunks, inode.save_id = chunks, save_id
             try:
-                await self.entries._put_entry(inode)
+                await self._put_entry_or_keep(inode, noted)
             except BaseException:
                 if inode.link_id or noted in inode.unsure:  # (answered: saved, stays)
                     inode.chunks, inode.save_id = previous
@@ -305,6 +306,24 @@ class Publish:
         self.st._drop_rt(ino)
         self.st.leases.settle(ino)
         return not getattr(self.st.ns.maybe_get(ino), "dirty", False)  # closed again: again
+
+    async def _put_entry_or_keep(self, inode: Inode, noted: list[str]) -> None:
+        """The entry PUT of a publish (``noted``: [key, identity] of its unanswered-PUT
+        note).  Where another node made the name something else than a file meanwhile
+        (a directory, a symlink: its maker was told it exists), the save does not write
+        over it: this file is kept under a visible name of its own,
+        ``NAME.ckptfs-conflict-<node>``, and published there (decision 0016); its
+        note goes with it."""
+        try:
+            await self.entries._put_entry(inode)
+        except NameTaken as exc:
+            unsure.answered(inode, noted[0])        # refused there: not in the store
+            keep_under_own_name(self.st, inode, str(exc), "file")
+            noted[0] = self.entries._key_of(inode)
+            if not inode.link_id:
+                unsure.note(self.st.ns, inode, *noted)
+            self.st.ns.save(inode)
+            await self.entries._put_entry(inode)
 
     @no_await
     def _land(self, inode: Inode, rt: Runtime, ver: int, size: int) -> bool:

@@ -1,19 +1,22 @@
 """Review of the save-id change (decision 0016, "A late removal and another node's save
 of the same bytes"): holes where an entry without a save id, or an inode whose save id
 is not the one the store has under its name, lets a late removal take a save its
-writer was told is saved, or leave a removed name behind."""
+writer was told is saved, or leave a removed name behind -- and a publish that wrote
+over a directory another node made under its name.  Each failed before its fix."""
 
 from __future__ import annotations
 
 import os
 import stat
 
+import pytest
 import trio
 
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
 from support.core import WRITE_NEW, me, open_core, two_cores
+from test_same_bytes_saved_again import refuse_deletes, save_over
 
 
 def run(tmp_path, body, **config) -> None:
@@ -24,19 +27,6 @@ def run(tmp_path, body, **config) -> None:
         async with two_cores(tmp_path, store, Config(**cfg)) as (a, b):
             await body(a, b, store)
     trio.run(main)
-
-
-async def save_over(node, ino: int, data: bytes) -> None:
-    handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
-    await node.fs.write(handle.fh, 0, data)
-    await node.fs.flush(handle.fh)
-    await node.fs.release(handle.fh)
-
-
-def refuse_deletes(store, key: str = "dirs/root/f0"):
-    def before(call) -> None:
-        raise TransientStoreError("connection refused")
-    return store.before(before, "delete", prefix=key)
 
 
 def test_a_late_removal_of_a_mknod_file_leaves_another_nodes_empty_save(tmp_path):
@@ -65,20 +55,17 @@ def test_a_late_removal_of_a_mknod_file_leaves_another_nodes_empty_save(tmp_path
     run(tmp_path, body)
 
 
-def test_a_late_removal_leaves_a_file_another_node_made_again_with_mknod(tmp_path):
-    """The other side of the fallback: A saved f0 (empty, with a save id); B (sync)
-    removes it and makes it again with ``mknod`` (an entry with no save id, same
-    content), and is told it exists.  A's removal of its own f0, journaled before B's,
-    lands late: the entry without a save id matches on content and B's new file goes."""
+def late_removal_then_made_again(tmp_path, make_first, make_again) -> None:
+    """A (async) makes f0 (``make_first(fs)``) and removes it, its delete refused for
+    now; B (sync) removes f0 and makes it again (``make_again(fs)``), told it exists;
+    then A's removal lands late: B's new f0 must stay."""
     async def main() -> None:
         store = MemoryStore()
         async with open_core(tmp_path / "a", store, Config(durability="async",
                                                            metadata_ttl=30.0)) as a, \
                 open_core(tmp_path / "b", store, Config(durability="sync",
                                                         metadata_ttl=30.0)) as b:
-            handle, _ = await a.create(ROOT_INO, b"f0", 0o644, WRITE_NEW, 0, 0, me())
-            await a.flush(handle.fh)
-            await a.release(handle.fh)
+            await make_first(a)
             await a.wait_idle()
             await b.lookup(ROOT_INO, b"f0")
 
@@ -89,46 +76,39 @@ def test_a_late_removal_leaves_a_file_another_node_made_again_with_mknod(tmp_pat
             await a.unlink(ROOT_INO, b"f0")             # journaled; its delete waits
             await trio.sleep(0.2)
             await b.unlink(ROOT_INO, b"f0")             # sync: gone from the store
-            await b.mknod(ROOT_INO, b"f0", stat.S_IFREG | 0o644, 0, 0, 0)
-            assert store.get("dirs/root/f0")            # B's new file is in the store
+            await make_again(b)
+            assert store.get("dirs/root/f0")            # B's new f0 is in the store
             refused.remove()
             with trio.fail_after(60):
                 await a.wait_idle()
             objects = [o.key for o in store.list("dirs/root/")]
-            assert "dirs/root/f0" in objects, "A's late removal took B's new file"
+            assert "dirs/root/f0" in objects, "A's late removal took B's new f0"
     trio.run(main)
+
+
+def test_a_late_removal_leaves_a_file_another_node_made_again_with_mknod(tmp_path):
+    """The other side of the fallback: A saved f0 (empty, with a save id); B (sync)
+    removes it and makes it again with ``mknod`` (the same content), and is told it
+    exists.  A's removal of its own f0, journaled before B's, lands late: an entry
+    without a save id matched on content, and B's new file went."""
+    async def save_empty(fs) -> None:
+        handle, _ = await fs.create(ROOT_INO, b"f0", 0o644, WRITE_NEW, 0, 0, me())
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+
+    async def mknod(fs) -> None:
+        await fs.mknod(ROOT_INO, b"f0", stat.S_IFREG | 0o644, 0, 0, 0)
+    late_removal_then_made_again(tmp_path, save_empty, mknod)
 
 
 def test_a_late_removal_leaves_a_symlink_another_node_made_again(tmp_path):
-    """The same race for a symlink (and any special file): its identity is its content
+    """The same race for a symlink (and any special file): its identity was its content
     alone (type, target), so a symlink another node removed and made again with the same
-    target -- ``ln -sfn latest ckpt-7`` style, told it exists -- is taken by this node's
-    removal of the old one, journaled before and landing late."""
-    async def main() -> None:
-        store = MemoryStore()
-        async with open_core(tmp_path / "a", store, Config(durability="async",
-                                                           metadata_ttl=30.0)) as a, \
-                open_core(tmp_path / "b", store, Config(durability="sync",
-                                                        metadata_ttl=30.0)) as b:
-            await a.symlink(ROOT_INO, b"f0", b"ckpt-7", 0, 0)
-            await a.wait_idle()
-            await b.lookup(ROOT_INO, b"f0")
-
-            def refuse_conditional(call) -> None:       # A's journaled delete only
-                if call.if_match is not None:
-                    raise TransientStoreError("connection refused")
-            refused = store.before(refuse_conditional, "delete", prefix="dirs/root/f0")
-            await a.unlink(ROOT_INO, b"f0")             # journaled; its delete waits
-            await trio.sleep(0.2)
-            await b.unlink(ROOT_INO, b"f0")             # sync: gone from the store
-            await b.symlink(ROOT_INO, b"f0", b"ckpt-7", 0, 0)
-            assert store.get("dirs/root/f0")
-            refused.remove()
-            with trio.fail_after(60):
-                await a.wait_idle()
-            objects = [o.key for o in store.list("dirs/root/")]
-            assert "dirs/root/f0" in objects, "A's late removal took B's new symlink"
-    trio.run(main)
+    target -- ``ln -sfn latest ckpt-7`` style, told it exists -- was taken by this
+    node's removal of the old one, journaled before and landing late."""
+    async def symlink(fs) -> None:
+        await fs.symlink(ROOT_INO, b"f0", b"ckpt-7", 0, 0)
+    late_removal_then_made_again(tmp_path, symlink, symlink)
 
 
 def test_a_publish_that_fails_after_its_put_landed_keeps_the_save_id_it_sent(tmp_path):
@@ -205,3 +185,40 @@ def test_a_symlink_whose_put_answer_was_lost_goes_with_its_removal(tmp_path):
             assert [o.key for o in store.list("dirs/root/")] == [], \
                 "a removed symlink stayed in the store"
     trio.run(main)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_publish_over_a_name_another_node_made_a_directory_keeps_both(tmp_path, durability):
+    """(Found by the review of the save id; older than it: the publish conflict path,
+    ``EntryIO._keep_attributes``.)  A save whose compare-and-swap met another entry under
+    its name wrote over it whatever it was.  B removed f0 and made it a directory, with a
+    file in it, and was told both are done; A, writing the f0 it opened before, closes:
+    its publish replaced B's directory entry with A's file -- B's directory and the file
+    in it were gone from every listing.  Now B's directory stays, and A's save is kept
+    under ``f0.ckptfs-conflict-<node>`` (decision 0016: a conflict never deletes)."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"v1")
+        await a.fs.wait_idle()
+        handle = await a.fs.open(ino_a, os.O_WRONLY | os.O_TRUNC, a.me())
+        await b.resolve("f0")
+        await b.fs.unlink(ROOT_INO, b"f0")
+        d = await b.fs.mkdir(ROOT_INO, b"f0", 0o755, 0, 0)
+        await b.save(d.ino, b"inside", b"B's data")
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        await a.fs.write(handle.fh, 0, b"v2")
+        await a.fs.flush(handle.fh)
+        await a.fs.release(handle.fh)
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        from ckptfs.format.remote import Entry
+        entry = Entry.from_json(bytes(store.get("dirs/root/f0")[0]))
+        assert entry.type == "dir", "A's publish wrote over B's directory"
+        kept = [o.key for o in store.list("dirs/root/") if ".ckptfs-conflict-" in o.key]
+        assert len(kept) == 1, store.list("dirs/root/")
+        assert Entry.from_json(bytes(store.get(kept[0])[0])).size == 2
+        names = await a.names()
+        assert "f0" not in names or a.fs.getattr(await a.resolve("f0")).type == "dir"
+        assert any(n.startswith("f0.ckptfs-conflict-") for n in names), names
+        assert await a.load(await a.resolve(kept[0].rpartition("/")[2])) == b"v2"
+    run(tmp_path, body, durability=durability)
