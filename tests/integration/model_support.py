@@ -474,7 +474,7 @@ class Model:
         if src == dst:
             return 0
         sv, dv = self.tree[src], self.tree.get(dst)
-        if sv == dv:
+        if sv == dv and sv != DIR:
             return 0        # two names of one file: POSIX leaves both
         if sv == DIR:
             if dst.startswith(src + "/"):
