@@ -78,20 +78,23 @@ class EntryMoves:
 
     async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
                          give_way: bool) -> None:
-        claim_etag = await self.claim(inode, old_key, new_key)
+        claim_etag, found = await self.claim(inode, old_key, new_key, found_ok=True)
+        found.moving_to, found.moving_at = None, 0.0
+        # Another file where this one's name was (one of them hard-linked): moved as is.
+        foreign = found if bool(inode.link_id) != (found.type == "link") else None
         try:
             target = await self._target_etag(inode, new_key, old_key, give_way)
         except FsError:         # a directory target another node wrote into
-            await self._give_back(inode, old_key, claim_etag)
+            await self._give_back(inode, old_key, claim_etag, foreign)
             raise
         if target is None:
-            await self._give_back(inode, old_key, claim_etag)
+            await self._give_back(inode, old_key, claim_etag, foreign)
             raise CrossingRename()
         if not give_way and target != ABSENT:
             target = None       # the last attempt writes whatever is there
         if seals and inode.staged and inode.type == "dir":
             inode.sealed_at = time.time()       # retention orders by seal time
-        moved = self.entries._entry_of(inode)
+        moved = foreign or self.entries._entry_of(inode)
         moved.staged = moved.staged and not seals
         body = moved.to_json()
         # Journal the rest: a crash from here on is finished on restart, so a reader may
@@ -107,12 +110,12 @@ class EntryMoves:
             raise
         if new_etag is None:
             self.st.ns.journal_done(seq)
-            await self._give_back(inode, old_key, claim_etag)
+            await self._give_back(inode, old_key, claim_etag, foreign)
             raise CrossingRename()
         if await self.removals.was_removed(new_key):
             await self._take_back(new_key, new_etag)
             self.st.ns.journal_done(seq)
-            await self._give_back(inode, old_key, claim_etag)
+            await self._give_back(inode, old_key, claim_etag, foreign)
             if await self.removals.came_back(new_key):
                 raise CrossingRename()      # the rmdir saw this entry first: again
             raise FsError.enoent(f"the directory of {new_key} was removed by another node")
@@ -121,26 +124,35 @@ class EntryMoves:
         if not inode.link_id:   # a linked inode's ETag is its inode object's
             inode.remote_etag = new_etag
 
-    async def claim(self, inode: Inode, old_key: str, new_key: str) -> str:
+    async def claim(self, inode: Inode, old_key: str, new_key: str,
+                    found_ok: bool = False) -> tuple[str, Entry]:
         """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
         version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
-        claim's ETag."""
+        claim's ETag and the entry to move: the inode's own -- or, where another node's
+        rename filled the name with a hard-linked file's name (or, for a name of a
+        hard-linked file here, with a plain file), what it holds now, moved as it is, as
+        a plain rename moves whatever file entry it finds (``found_ok``; otherwise
+        ENOENT: never this inode's entry written over another file)."""
         for _ in range(8):
-            entry, etag = await self.entries._current_entry(inode, old_key)
+            entry, etag = await self.entries._current_entry(inode, old_key,
+                                                            allow_link=found_ok)
             if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and \
                     entry.moving_to != new_key:
                 # A live claim to the same new key is this rename's own, cut short by a
                 # crash and replayed from the log (or another node's identical rename:
                 # either way the outcome is the same).
                 raise FsError.enoent(f"{old_key} is being renamed by another node")
-            if not inode.link_id:
+            found = bool(inode.link_id) != (entry.type == "link")   # another file's
+            if found and not found_ok:
+                raise FsError.enoent(f"{old_key} now names another file")
+            if not inode.link_id and not found:
                 self.entries._adopt_newer(inode, entry, etag)
-            claim = self.entries._entry_of(inode)
+            claim = entry if found else self.entries._entry_of(inode)
             claim.moving_to, claim.moving_at = new_key, time.time()
             try:
                 return await self.entries._store(
                     functools.partial(self.st.store.put, old_key, claim.to_json(),
-                                      if_match=etag))
+                                      if_match=etag)), claim
             except PreconditionFailed:
                 continue  # changed under us: read it again
         raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
@@ -192,10 +204,11 @@ class EntryMoves:
         except PreconditionFailed:
             pass     # written again since: that stays
 
-    async def _give_back(self, inode: Inode, key: str, claim_etag: str) -> None:
+    async def _give_back(self, inode: Inode, key: str, claim_etag: str,
+                         found: Entry | None = None) -> None:
         """Take this move's claim off ``key`` again (compare-and-swap: whatever another
-        node wrote there since stays)."""
-        await self.put_quietly(key, self.entries._entry_of(inode), claim_etag)
+        node wrote there since stays); ``found``: the other file it claimed there."""
+        await self.put_quietly(key, found or self.entries._entry_of(inode), claim_etag)
 
     async def put_quietly(self, key: str, entry: Entry, if_match: str) -> None:
         try:

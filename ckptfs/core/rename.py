@@ -253,9 +253,10 @@ class Rename:
                 key_b = entry_key(dir_id_of(self.st.ns.get(b_parent)), b_name)
                 a_remote = a.published and not a.links_pending
                 b_remote = b.published and not b.links_pending
-                claim_a = await self.moves.claim(a, key_a, key_b) if a_remote else None
+                claim_a = (await self.moves.claim(a, key_a, key_b))[0] if a_remote else None
                 try:
-                    claim_b = await self.moves.claim(b, key_b, key_a) if b_remote else None
+                    claim_b = (await self.moves.claim(b, key_b, key_a))[0] if b_remote \
+                        else None
                 except BaseException:
                     if claim_a is not None:   # give the first name back its entry
                         with trio.CancelScope(shield=True):

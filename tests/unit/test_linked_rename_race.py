@@ -1,0 +1,65 @@
+"""Two crossing renames, one of them of a hard-linked file's name, on two nodes (sync).
+
+Found by the model test's race step once it made hard links (soak seed 1215331): A
+renames ``f1`` over ``f0``; B, whose view still has ``f0`` as a name of its hard-linked
+file (``f0`` = ``f2``), renames ``f0`` to ``f1``.  In the only serial order that lets
+both succeed (A's first), B's rename moves what ``f0`` holds then -- A's file -- to
+``f1``.  B's claim on ``f0`` took A's file entry for its own link entry: it wrote its
+link over it, and A's file -- saved, renamed, both acknowledged -- was gone from the
+store.  A name of a hard-linked file that holds another file now is moved as that
+file's entry, as a plain file's rename moves whatever file entry it finds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import two_cores
+
+
+def test_a_linked_name_renamed_after_another_node_renamed_a_file_over_it(tmp_path):
+    async def main() -> None:
+        store = MemoryStore()
+        async with two_cores(tmp_path, store, Config(durability="sync",
+                                                     metadata_ttl=30.0)) as (a, b):
+            linked = await b.save(ROOT_INO, b"f0", b"v5 linked")
+            await b.fs.link(linked, ROOT_INO, b"f2")
+            await a.save(ROOT_INO, b"f1", b"v4 plain")
+            assert await a.names() == ["f0", "f1", "f2"]
+            assert await b.names() == ["f0", "f2"]                 # (f1: not yet)
+            await a.fs.rename(ROOT_INO, b"f1", ROOT_INO, b"f0", 0)
+            await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)   # B's view: f0 linked
+            keys = sorted(o.key for o in store.list("dirs/root/"))
+            assert keys == ["dirs/root/f1", "dirs/root/f2"], keys
+            f1 = json.loads(store.get("dirs/root/f1")[0])
+            assert f1["type"] == "file" and f1["size"] == len(b"v4 plain"), \
+                "B's rename lost A's file (its link went over it)"
+            assert json.loads(store.get("dirs/root/f2")[0])["type"] == "link"
+    trio.run(main)
+
+
+def test_a_name_renamed_after_another_node_renamed_a_linked_name_over_it(tmp_path):
+    """The other way round: B renames ``f0`` (a name of its hard-linked file) over
+    ``f1``; A, whose view still has ``f1`` as its plain file, renames ``f1`` to ``f0``.
+    Serially (B's first) A's rename moves what ``f1`` holds then -- B's link -- to
+    ``f0``.  It answered ENOENT: the name held a link, which its claim did not take."""
+    async def main() -> None:
+        store = MemoryStore()
+        async with two_cores(tmp_path, store, Config(durability="sync",
+                                                     metadata_ttl=30.0)) as (a, b):
+            linked = await b.save(ROOT_INO, b"f0", b"v5 linked")
+            await b.fs.link(linked, ROOT_INO, b"f2")
+            await a.save(ROOT_INO, b"f1", b"v4 plain")
+            assert await a.names() == ["f0", "f1", "f2"]
+            await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+            await a.fs.rename(ROOT_INO, b"f1", ROOT_INO, b"f0", 0)   # A's view: f1 plain
+            keys = sorted(o.key for o in store.list("dirs/root/"))
+            assert keys == ["dirs/root/f0", "dirs/root/f2"], keys
+            for name in ("f0", "f2"):
+                assert json.loads(store.get(f"dirs/root/{name}")[0])["type"] == "link"
+    trio.run(main)
