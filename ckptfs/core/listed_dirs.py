@@ -27,13 +27,14 @@ class ListedDirIds:
 
     @no_await
     def check(self, dir_inode: Inode, fetched: dict, remote: dict, local: dict,
-              corrupt: set[bytes]) -> None:
+              corrupt: set[bytes]) -> list[tuple[Inode, bytes]]:
         """Directory ids must form a tree: an entry naming the id of this directory or
         of one of its ancestors (an endless tree), or an id another name of this
         listing already has (one directory twice), answers EIO for that name.  An id
         this node knows under a name elsewhere (or under no name, kept for its work) is a
         directory another node moved here: this node's inode moves to the new name.
-        (Part of the apply phase: no await.)"""
+        Returns the inodes such a move took a name from (the caller forgets that name
+        as vanished).  (Part of the apply phase: no await.)"""
         ancestors = set()
         cur = dir_inode
         while True:
@@ -42,6 +43,7 @@ class ListedDirIds:
                 break
             cur = self.st.ns.get(cur.parent)
         claimed: dict[str, bytes] = {}
+        displaced: list[tuple[Inode, bytes]] = []
         for name in sorted(fetched):
             entry, _ = fetched[name]
             if entry.type != "dir":
@@ -58,7 +60,7 @@ class ListedDirIds:
                 if holder_inode is not None and holder != local.get(name) and \
                         (holder_inode.parent or self.st.ns.has_children(holder_inode.ino)):
                     reason = self._held_elsewhere(holder_inode, dir_inode, name, fetched,
-                                                  remote, local)
+                                                  remote, local, displaced)
                     if reason == _LATER:
                         del fetched[name]
                         continue
@@ -67,10 +69,12 @@ class ListedDirIds:
                           dir_prefix(dir_id_of(dir_inode)), reason)
                 corrupt.add(name)
                 del fetched[name]
+        return displaced
 
     @no_await
     def _held_elsewhere(self, holder: Inode, dir_inode: Inode, name: bytes, fetched: dict,
-                        remote: dict, local: dict) -> str | None:
+                        remote: dict, local: dict,
+                        displaced: list[tuple[Inode, bytes]]) -> str | None:
         """A listed directory id this node holds under another name: why the entry is
         corrupt, ``_LATER`` (the next listing takes it), or None (moved here, or fine)."""
         entry, _ = fetched[name]
@@ -97,7 +101,7 @@ class ListedDirIds:
         # with its name now, before the old name's new directory replaces it, so what
         # this node holds in it (a file still open, names not yet in the store) is
         # under the new name at once.
-        self._move_here(holder, dir_inode, name, local)
+        self._move_here(holder, dir_inode, name, local, displaced)
         return None
 
     @no_await
@@ -112,10 +116,19 @@ class ListedDirIds:
 
     @no_await
     def _move_here(self, holder: Inode, dir_inode: Inode, name: bytes,
-                   local: dict[bytes, int]) -> None:
+                   local: dict[bytes, int], displaced: list[tuple[Inode, bytes]]) -> None:
         """Give ``holder`` the name ``name`` in ``dir_inode`` (the apply phase's view
-        ``local`` follows); the kernel forgets its old name (no await)."""
+        ``local`` follows); the kernel forgets its old name.  What this node held under
+        ``name`` loses it now and goes to ``displaced``: it must not keep thinking the
+        name is its own, or its own move later (another node moved it on, into a
+        directory listed after this one) takes the name from ``holder`` (soak seed
+        1215343).  (No await.)"""
         old_parent, old_name = holder.parent, holder.name
+        there = local.get(name)
+        if there is not None and there != holder.ino:
+            before = self.st.ns.get(there)
+            self.st.ns.unlink(before, dir_inode.ino, name)
+            displaced.append((before, name))
         if old_parent == dir_inode.ino:
             local.pop(old_name, None)
         elif old_parent:

@@ -199,7 +199,9 @@ class Refresh:
         inode whose entry this node rewrote since the listing began keeps its own."""
         local = dict(self.st.ns.children(dir_inode.ino))
         if not changed_locally:
-            self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
+            displaced = self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
+            for inode, name in displaced:   # its name went to a directory moved here
+                self._forget_subtree(inode, dir_inode.ino, name)
         for name, (entry, etag) in fetched.items():
             ino = local.get(name)
             if ino is None:
@@ -350,7 +352,8 @@ class Refresh:
                 return
         if parent is None:
             parent, name = inode.parent, inode.name
-        self.st.ns.unlink(inode, parent, name)
+        if (parent, name) in inode.names:   # else taken already (``_move_here``)
+            self.st.ns.unlink(inode, parent, name)
         if self.st.invalidate_entry is not None and name is not None:
             # The kernel forgets the dentry now, not at its entry timeout (a task: the
             # notification must not be awaited inside the apply phase).

@@ -621,7 +621,8 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
             if replaced is not None and replaced != _k(inode.ino):
                 self._subdirs.pop(new_parent, None)
             if old[0]:
-                txn.delete(_k(old[0]) + old[1], db=self.db_dentries)
+                if txn.get(_k(old[0]) + old[1], db=self.db_dentries) == _k(inode.ino):
+                    txn.delete(_k(old[0]) + old[1], db=self.db_dentries)
                 self._count(old[0], inode, -1)
             txn.put(_k(new_parent) + new_name, _k(inode.ino), db=self.db_dentries)
             self._count(new_parent, inode, +1)

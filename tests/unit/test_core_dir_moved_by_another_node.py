@@ -235,3 +235,49 @@ async def test_a_file_held_open_follows_its_directory_when_its_old_name_is_made_
             await _listed(core, old)
             assert await core.load(await core.resolve(f"{new}/f0")) == DATA
             assert await core.names(await core.resolve(old)) == []
+
+
+async def _names_or_error(core: Core, path: str) -> list[str] | str:
+    try:
+        return await core.names(await core.resolve(path))
+    except Exception as exc:   # what the user would see: an errno, not a listing
+        return repr(exc)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("listed_first", ["root", "the moved-into directory"])
+async def test_a_chain_of_directory_moves_by_another_node_shows_its_tree(
+        tmp_path: Path, durability: str, listed_first: str):
+    """B knows ``d0`` (dir X, holding ``d0``) and ``d1`` (dir Y, holding ``d1``).  A
+    moves X over ``d1/d1`` and then Y to ``d0``: the tree is ``d0/d1/d0``.  B's listing
+    of the root moved its inode of Y onto the name ``d0`` its inode of X still thought
+    it held; moving X later (into Y) then took the root's ``d0`` with it.  B listed
+    ``d0`` as ``[d1]`` and answered ENOENT for ``d0/d1`` (soak seed 1215343 logged
+    ``corrupt entry b'd0'`` at every listing)."""
+    store = MemoryStore()
+    config = Config(durability=durability, metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        x = (await b.fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        await b.fs.rename(ROOT_INO, b"d1", ROOT_INO, b"d0", 0)
+        await b.fs.mkdir(x, b"d0", 0o755, 0, 0)
+        y = (await b.fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)).ino
+        await b.fs.mkdir(y, b"d1", 0o755, 0, 0)
+        await b.fs.wait_idle()
+        await _listed(a, "d1/d1")
+        await _listed(a, "d0/d0")
+        a_y = await a.resolve("d1")
+        await a.fs.rename(ROOT_INO, b"d0", a_y, b"d1", 0)
+        await a.fs.rename(ROOT_INO, b"d1", ROOT_INO, b"d0", 0)
+        await a.fs.wait_idle()
+        if listed_first == "root":
+            await b.fs.refresh_dir(ROOT_INO, force=True)
+            await b.fs.refresh_dir(y, force=True)
+        else:
+            await b.fs.refresh_dir(y, force=True)
+            await b.fs.refresh_dir(ROOT_INO, force=True)
+        await _listed(b, "d0/d1/d0")
+        for core in (a, b):
+            assert await _names_or_error(core, "") == ["d0"]
+            assert await _names_or_error(core, "d0") == ["d1"]
+            assert await _names_or_error(core, "d0/d1") == ["d0"]
+            assert await _names_or_error(core, "d0/d1/d0") == []
