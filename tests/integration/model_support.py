@@ -267,6 +267,7 @@ class FileState:
     owner: tuple = NEW_FILE_OWNER    # (uid, gid)
     xattrs: tuple = ()               # user.* extended attributes: ((name, value), ...)
     held_attrs: tuple = ()           # (mode, mtime, owner, xattrs) of the held version
+    linked: bool = False             # ever hard-linked: async, its renames need the store
 
     def attrs(self) -> tuple:
         """(mode, mtime, owner, xattrs): what an observation shows beside the bytes."""
@@ -516,7 +517,20 @@ class Model:
         if dst in self.tree:
             return errno.EEXIST
         self.tree[dst] = v
+        self.files[v].linked = True
         return 0
+
+    def needs_store(self, op: tuple) -> bool:
+        """Whether async mode's ``op`` goes to the store at once, not through the
+        metadata log: a hard link, the rename of a name of a hard-linked file or over
+        one (README, "POSIX for the tools around training")."""
+        kind, path, *args = op
+        if kind == "link":
+            return True
+        if kind != "rename":
+            return False
+        return any(self.fid_at(p) is not None and self.files[self.fid_at(p)].linked
+                   for p in (path, args[0]))
 
     def holds_on_rename(self, src: str, dst: str) -> bool:
         """Whether renaming ``src`` over ``dst`` would leave ``dst`` showing its last

@@ -734,6 +734,9 @@ class ModelMachine(RuleBasedStateMachine):
             if self.fault is not None:
                 return
             self.sync_all()
+        if self.fault is not None and self.model.needs_store(("rename", src, dst)):
+            self.store_step_in_outage(m, ("rename", src, dst), f"rename {src} -> {dst}")
+            return
         self.note(f"{'AB'[m]}: rename {src} -> {dst}")
         os.rename(self.abs(m, src), self.abs(m, dst))
         assert self.model.rename(src, dst) == 0
@@ -793,9 +796,32 @@ class ModelMachine(RuleBasedStateMachine):
         dst = self.pick(data, self.new_file_paths(), "dst")
         if dst is None:
             return
+        if self.fault is not None:
+            self.store_step_in_outage(m, ("link", src, dst), f"link {src} {dst}")
+            return
         self.note(f"{'AB'[m]}: link {src} {dst}")
         os.link(self.abs(m, src), self.abs(m, dst))
         assert self.model.link(src, dst) == 0
+        self.check(m)
+
+    def store_step_in_outage(self, m: int, op: tuple, text: str) -> None:
+        """Async, during a store fault, a step that goes to the store at once (a hard
+        link, the rename of a hard-linked name): it succeeds, or answers EIO (or
+        ETIMEDOUT) and nothing changed -- on this node now, in the store and on every
+        node after the outage (README: "else EIO and nothing changed")."""
+        self.note(f"{'AB'[m]}: {text} (store away)")
+        try:
+            self.do(m, op)
+        except OSError as exc:
+            if exc.errno not in (errno.EIO, errno.ETIMEDOUT):
+                self.fail(f"{text} on {'AB'[m]} during a store fault: {exc}")
+            self.note(f"{'AB'[m]}:   ... {errno.errorcode[exc.errno]}: nothing changed")
+        else:
+            self.note(f"{'AB'[m]}:   ... ok")
+            assert self.model.apply(op) == 0
+            fid = self.model.fid_at(op[2])     # the new name: a link's or a rename's
+            if fid is not None:
+                self.fault_saved.setdefault(m, set()).add(fid)
         self.check(m)
 
     @precondition(lambda self: len(self.model.dirs()) < 4)
@@ -1231,6 +1257,8 @@ class ModelMachine(RuleBasedStateMachine):
         dst = self.pick(data, self.new_file_paths(), "dst")
         if dst is None:
             return
+        if self.fault is not None and self.model.needs_store(("rename", src, dst)):
+            return   # a hard-linked name: its renames need the store (file_rename)
         where = parent_of(dst)
         self.note(f"{'AB'[m]}: {rounds} round(s) of: save fresh {dst}, chmod it, rename "
                   f"{src} over it and back{' (sticky ' + (where or '/') + ')' if sticky and where else ''}")
