@@ -196,17 +196,26 @@ class MetaLogApply:
                 await self._move_of_removed(record, old_key, new_key, replaced)
             else:
                 inode = now
-                seals = await self._move_locked(inode, old_key, new_key, seals, replaced)
+                # A file moves only over what it replaced here, or what this node sent
+                # there since (its own later save): never over another node's newer save.
+                expect = None if inode.type == "dir" else \
+                    {i for i in (replaced, *unsure.under(inode, new_key)) if i}
+                try:
+                    seals = await self._move_locked(inode, old_key, new_key, seals,
+                                                    replaced, expect)
+                except NameTaken as exc:
+                    self._move_to_conflict(seq, record, inode, str(exc))
+                    raise Blocked(f"renamed after a conflict: {exc}") from None
         self.st._drop_rt(ino)
         if seals:
             self.seals._sealed(inode)
 
     async def _move_locked(self, inode: Inode, old_key: str, new_key: str, seals: bool,
-                           replaced: str | None) -> bool:
+                           replaced: str | None, expect: set[str] | None) -> bool:
         """The store steps of a move, under the inode's lock; whether it sealed."""
         ino = inode.ino
         try:
-            await self.moves.move_entry(inode, old_key, new_key, seals)
+            await self.moves.move_entry(inode, old_key, new_key, seals, expect)
         except FsError as exc:
             if exc.errno == errno.ENOTEMPTY:
                 # Over a directory another node wrote into meanwhile (decision 0028):
@@ -235,6 +244,32 @@ class MetaLogApply:
             inode.staged = False
         self.st.ns.save(inode)
         return seals
+
+    def _move_to_conflict(self, seq: int, record: dict, inode: Inode, why: str) -> None:
+        """Another node saved the name this file was renamed to after the rename: that
+        save stays, and the moved file goes to ``NAME.ckptfs-conflict-<node>`` instead
+        (decision 0016: a conflict never deletes) -- on this node too, while the file is
+        still under that name here.  Renamed on here since, the conflict name is only
+        where the store keeps it until the later records move it on from there: they
+        are changed to move it from that name."""
+        to_id, to_name = self.st.oplog.resolve(record["to_id"]), record["to_name"]
+        parent = self.st.ns.maybe_get(inode.parent) if inode.parent else None
+        later = {s: r for s, r in self.st.oplog.pending.items()
+                 if s > seq and r.get("ino") == inode.ino}
+        if parent is not None and dir_id_of(parent) == to_id and not later and \
+                inode.name == bytes.fromhex(to_name):
+            name = keep_under_own_name(self.st, inode, why, "file")
+        else:
+            name = bytes.fromhex(to_name) + b".ckptfs-conflict-" + \
+                self.st.leases.node_id.encode()[:12] + b"-" + str(seq).encode()
+            log.warning("%s; this node's file, renamed on since, goes on from %s",
+                        why, name.decode(errors="replace"))
+        for after, other in later.items():
+            if other.get("name") == to_name and \
+                    self.st.oplog.resolve(other.get("parent_id", "")) == to_id:
+                self.st.oplog.update(after, {**other, "name": name.hex()})
+        self.st.oplog.update(seq, {**record, "to_name": name.hex(), "replaced": None,
+                                   "retry_now": True})
 
     @staticmethod
     def _removed_since(inode: Inode | None) -> bool:

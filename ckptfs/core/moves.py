@@ -26,7 +26,8 @@ from ..errors import FsError
 from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry
 from ..meta.namespace import Inode
 from ..store import NotFound, PreconditionFailed
-from .entries import EntryIO, entry_identity
+from .conflicts import NameTaken
+from .entries import EntryIO, entry_identity, same_object
 from .removals import DirRemovals
 from .state import CoreState
 
@@ -59,15 +60,20 @@ class EntryMoves:
         self.rng = rng or random.Random()
 
     async def move_entry(self, inode: Inode, old_key: str, new_key: str,
-                         seals: bool = True) -> None:
+                         seals: bool = True, expect: set[str] | None = None) -> None:
         """Move ``inode``'s entry from ``old_key`` to ``new_key``: claim it (of two nodes
         renaming it, one wins; the other gets ENOENT), write it under the new key if the
         target is still what was read, then delete the old key only if it is still our
-        claim (a newer version another node wrote there meanwhile stays)."""
+        claim (a newer version another node wrote there meanwhile stays).
+
+        ``expect``: a rename made earlier and applied now (async mode's log) moves a
+        file only over what it replaced when it was made (these identities; none: the
+        name was free) or this node's own later save there.  Anything else under the
+        new key was saved by another node since: ``NameTaken``, nothing changed."""
         for attempt in range(MOVE_ATTEMPTS):
             try:
                 await self._move_once(inode, old_key, new_key, seals,
-                                      give_way=attempt < MOVE_ATTEMPTS - 1)
+                                      give_way=attempt < MOVE_ATTEMPTS - 1, expect=expect)
                 return
             except CrossingRename:
                 pause = self.rng.uniform(0, FIRST_PAUSE * 2 ** attempt)
@@ -77,14 +83,14 @@ class EntryMoves:
         raise FsError(errno.EIO, f"{new_key} keeps changing; rename not done")
 
     async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
-                         give_way: bool) -> None:
+                         give_way: bool, expect: set[str] | None = None) -> None:
         claim_etag, found = await self.claim(inode, old_key, new_key, found_ok=True)
         found.moving_to, found.moving_at = None, 0.0
         # Another file where this one's name was (one of them hard-linked): moved as is.
         foreign = found if bool(inode.link_id) != (found.type == "link") else None
         try:
-            target = await self._target_etag(inode, new_key, old_key, give_way)
-        except FsError:         # a directory target another node wrote into
+            target = await self._target_etag(inode, new_key, old_key, give_way, expect)
+        except (FsError, NameTaken):  # a directory another node wrote into; a newer save
             await self._give_back(inode, old_key, claim_etag, foreign)
             raise
         if target is None:
@@ -158,13 +164,14 @@ class EntryMoves:
         raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
 
     async def _target_etag(self, inode: Inode, new_key: str, old_key: str,
-                           give_way: bool) -> str | None:
+                           give_way: bool, expect: set[str] | None = None) -> str | None:
         """The target's ETag as the store has it now (``ABSENT`` for none), or None when
         another rename's live claim is on it and this move gives way.  A directory there
         (a rename over an empty directory) is removed first, the way rmdir does
         (decision 0028): its mark tells a node whose name lands in it later to bring it
         back, instead of that name ending under no directory.  ``ENOTEMPTY`` when a name
-        is found in it."""
+        is found in it; ``NameTaken`` when ``expect`` does not know what is there
+        (``move_entry``)."""
         try:
             body, etag = await self.entries._store(self.st.store.get, new_key)
         except NotFound:
@@ -177,6 +184,11 @@ class EntryMoves:
             log.debug("%s is being renamed to %s by another rename: %s gives way",
                       new_key, entry.moving_to, old_key)
             return None
+        if expect is not None and inode.type != "dir":
+            own = entry_identity(self.entries._content_entry(inode))
+            if not same_object(entry, expect | {own}):
+                raise NameTaken(f"another node saved {new_key} after this node's rename "
+                                f"to it")
         if entry.type == "dir" and entry.id and entry.id != inode.dir_id:
             if not await self.removals.remove_dir(new_key, entry_identity(entry)):
                 raise FsError(errno.ENOTEMPTY, f"{new_key}: another node wrote into it")

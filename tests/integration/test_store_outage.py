@@ -248,3 +248,40 @@ def test_a_late_removal_leaves_another_nodes_save_of_the_same_bytes(store, make_
         assert sorted(os.listdir(node.path / "run")) == ["_SUCCESS"], node.name
         assert (node.path / "run" / "_SUCCESS").read_bytes() == content
     eventually(lambda: sorted(os.listdir(a.path / "run")) == ["_SUCCESS"], timeout=30)
+
+
+@pytest.mark.expect_log_errors(*OUTAGE_ERRORS, r"another node saved .* after this node's rename")
+def test_a_late_rename_leaves_another_nodes_newer_save_and_keeps_its_file(store, make_mount,
+                                                                          tmp_path):
+    """Node A (async) renames ``run/tmp`` over ``run/model.bin`` while the store refuses
+    its writes; node B then saves ``run/model.bin`` and is told it is saved.  When A's
+    rename reaches the store, B's save stays under the name and A's renamed file, told
+    saved too, is kept as ``model.bin.ckptfs-conflict-<node>``: on A, on B, on a fresh
+    node (decision 0016; before, the late move wrote over B's save)."""
+    control = tmp_path / "faults-a.json"
+    control.write_text(json.dumps({"rules": []}))
+    a = make_mount(store, name="a", durability="async", faults={"control_file": str(control)})
+    b = make_mount(store, name="b", durability="async")
+    (a.path / "run").mkdir()
+    (a.path / "run" / "model.bin").write_bytes(b"the version both nodes know")
+    (a.path / "run" / "tmp").write_bytes(b"A's renamed file")
+    run_ckptfs("wait", str(a.path), check=True, timeout=120)
+    assert (b.path / "run" / "model.bin").read_bytes() == b"the version both nodes know"
+    control.write_text(json.dumps({"rules": [{"op": "put", "kind": "transient"}]}))
+    os.rename(a.path / "run" / "tmp", a.path / "run" / "model.bin")
+    assert run_ckptfs("wait", str(a.path), "--timeout", "2").returncode != 0, \
+        "A said its rename was in the store while the store refused it"
+    (b.path / "run" / "model.bin").write_bytes(b"B's newer save")
+    run_ckptfs("wait", str(b.path), check=True, timeout=120)
+    control.write_text(json.dumps({"rules": []}))
+    run_ckptfs("wait", str(a.path), check=True, timeout=120)
+
+    def shows_both(node) -> bool:
+        names = sorted(os.listdir(node.path / "run"))
+        return len(names) == 2 and names[0] == "model.bin" and \
+            names[1].startswith("model.bin.ckptfs-conflict-") and \
+            (node.path / "run" / "model.bin").read_bytes() == b"B's newer save" and \
+            (node.path / "run" / names[1]).read_bytes() == b"A's renamed file"
+    for node in (a, b, fresh(make_mount, store)):
+        assert eventually(lambda: shows_both(node), timeout=30), \
+            (node.name, sorted(os.listdir(node.path / "run")))

@@ -1,0 +1,148 @@
+"""A rename that lands late must not write over another node's newer save.
+
+An async node journals ``rename tmp -> dst`` and tells the caller it is done; the store
+follows later (an outage, a slow log).  If meanwhile another node saved ``dst`` -- and
+was told it is saved -- the late move wrote the renamed file over that save: its target
+step compared against the ETag it read *then*, not against what the rename replaced
+when it was made.  In the serial order "A renames, then B saves" the name holds B's
+save; A's renamed file was acknowledged too, so it is kept under a visible name of its
+own, ``dst.ckptfs-conflict-<node>`` (decision 0016: a conflict never deletes).  When A
+has since renamed the file on (``dst -> final``), both orders agree without a conflict
+name: ``final`` holds A's file and ``dst`` B's save.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import Core, reached, two_cores
+
+pytestmark = pytest.mark.trio
+
+A_DATA = b"A's renamed file " * 300
+B_DATA = b"B's newer save " * 200
+
+
+async def save_over(node: Core, ino: int, data: bytes) -> None:
+    handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
+    await node.fs.write(handle.fh, 0, data)
+    await node.fs.flush(handle.fh)
+    await node.fs.release(handle.fh)
+
+
+async def contents(node: Core) -> dict[str, bytes]:
+    """Every file in the root as ``node`` lists it afresh."""
+    await node.fs.refresh_dir(ROOT_INO, force=True)
+    return {name: await node.load(await node.resolve(name)) for name in await node.names()}
+
+
+@pytest.mark.parametrize("target", ["replaced", "new"])
+async def test_a_late_rename_leaves_another_nodes_newer_save_and_keeps_its_own_file(
+        tmp_path, target: str):
+    """``replaced``: A's rename replaced the ``dst`` both nodes knew, and B saved over
+    it.  ``new``: ``dst`` did not exist when A renamed, and B then made it."""
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.save(ROOT_INO, b"tmp", A_DATA)
+        if target == "replaced":
+            await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+        await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        claim = store.gate("put", prefix="dirs/root/tmp")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)   # acknowledged
+        await reached(claim)                                         # its move waits
+        if target == "replaced":
+            await save_over(b, await b.resolve("dst"), B_DATA)
+        else:
+            await b.save(ROOT_INO, b"dst", B_DATA)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        claim.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        for node in (a, b):
+            seen = await contents(node)
+            assert seen.get("dst") == B_DATA, "the late rename wrote over B's save"
+            kept = [name for name in seen if name.startswith("dst.ckptfs-conflict-")]
+            assert [seen[name] for name in kept] == [A_DATA], seen.keys()
+            assert "tmp" not in seen
+
+
+async def test_a_late_rename_renamed_on_since_ends_where_its_node_put_it(tmp_path):
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.save(ROOT_INO, b"tmp", A_DATA)
+        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+        await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        claim = store.gate("put", prefix="dirs/root/tmp")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+        await reached(claim)
+        await a.fs.rename(ROOT_INO, b"dst", ROOT_INO, b"final", 0)
+        await save_over(b, await b.resolve("dst"), B_DATA)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        claim.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        for node in (a, b):
+            assert await contents(node) == {"dst": B_DATA, "final": A_DATA}
+
+
+async def test_a_late_rename_over_its_own_nodes_newer_save_is_no_conflict(tmp_path):
+    """A saves the renamed file again before the move lands (its publish goes to the
+    new name first): the move finds its own node's save there, not another's."""
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        ino = await a.save(ROOT_INO, b"tmp", A_DATA)
+        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+        await a.fs.wait_idle()
+        claim = store.gate("put", prefix="dirs/root/tmp")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+        await reached(claim)
+        await save_over(a, ino, B_DATA)
+        await trio.sleep(0.5)
+        claim.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        for node in (a, b):
+            assert await contents(node) == {"dst": B_DATA}
+
+
+async def test_a_late_rename_renamed_away_and_back_keeps_its_file_beside_the_newer_save(
+        tmp_path):
+    """``tmp -> dst``, ``dst -> x``, ``x -> dst`` on A while its first move waits; B saves
+    ``dst`` meanwhile.  The last rename meets B's save too: A's file is kept under one
+    conflict name, the same on both nodes, and B's save stays."""
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.save(ROOT_INO, b"tmp", A_DATA)
+        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+        await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        claim = store.gate("put", prefix="dirs/root/tmp")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+        await reached(claim)
+        await a.fs.rename(ROOT_INO, b"dst", ROOT_INO, b"x", 0)
+        await a.fs.rename(ROOT_INO, b"x", ROOT_INO, b"dst", 0)
+        await save_over(b, await b.resolve("dst"), B_DATA)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        claim.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        seen = [await contents(node) for node in (a, b)]
+        assert seen[0] == seen[1]
+        assert seen[0].pop("dst") == B_DATA
+        assert list(seen[0].values()) == [A_DATA]
+        assert list(seen[0])[0].startswith("dst.ckptfs-conflict-")
