@@ -20,14 +20,25 @@ class NameTaken(Exception):
     """The name holds another node's object this one must not join or write over."""
 
 
-def keep_under_own_name(st: CoreState, inode: Inode, why: str, what: str) -> bytes:
+# A conflict name the store refuses too (another node's object there, unknown here):
+# this many further names are tried before the step fails with EIO.
+CONFLICT_NAMES = 16
+
+
+def keep_under_own_name(st: CoreState, inode: Inode, why: str, what: str, *,
+                        name_of: bytes | None = None, first: int = 1) -> bytes:
     """Move ``inode`` to a free ``NAME.ckptfs-conflict-<node>[-n]`` in its directory
-    (said once, as a WARNING) and return the new name; the caller saves nothing more."""
-    base = inode.name + b".ckptfs-conflict-" + st.leases.node_id.encode()[:12]
-    name, n = base, 1
-    while st.ns.lookup(inode.parent, name) is not None:
+    (said once, as a WARNING) and return the new name; the caller saves nothing more.
+    ``name_of``: the name the conflict is about (default: the inode's own); ``first``:
+    the first ``n`` to try (the ones before it were refused by the store)."""
+    base = (name_of or inode.name) + b".ckptfs-conflict-" + st.leases.node_id.encode()[:12]
+
+    def numbered(n: int) -> bytes:
+        return base if n == 1 else base + b"-" + str(n).encode()
+    n = first
+    while st.ns.lookup(inode.parent, numbered(n)) is not None:
         n += 1
-        name = base + b"-" + str(n).encode()
+    name = numbered(n)
     log.warning("%s: %s; this node's %s is kept as %s", st._path_for_log(inode), why, what,
                 name.decode(errors="replace"))
     st.ns.move(inode, inode.parent, name)

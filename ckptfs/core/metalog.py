@@ -14,7 +14,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 from . import unsure
-from .conflicts import NameTaken, keep_under_own_name
+from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -107,8 +107,28 @@ class MetaLogApply:
         directory keeps everything under a visible name of its own,
         ``NAME.ckptfs-conflict-<node>`` (said once), and its record is retried under it
         (decision 0016: a conflict never deletes)."""
-        name = keep_under_own_name(self.st, inode, why, "directory")
-        self.st.oplog.update(seq, {**record, "name": name.hex(), "retry_now": True})
+        name, tried = self._next_conflict_name(record, "name", inode, why, "directory")
+        self.st.oplog.update(seq, {**record, "name": name.hex(), **tried, "retry_now": True})
+
+    def _next_conflict_name(self, record: dict, field: str, inode: Inode | None, why: str,
+                            what: str) -> tuple[bytes, dict]:
+        """The next conflict name for a record whose name (``field``) was refused, and
+        the record's count of them: ``inode`` moves there on this node (None: it is
+        elsewhere here, and the name only says where the store keeps it meanwhile).
+        Refused ``CONFLICT_NAMES`` times: Blocked, kept and retried (status says so)."""
+        wanted, tried = record.get("conflict", (record[field], 0))
+        if tried >= CONFLICT_NAMES:
+            raise Blocked(f"{why}; no free conflict name")
+        if inode is not None:
+            name = keep_under_own_name(self.st, inode, why, what,
+                                       name_of=bytes.fromhex(wanted), first=tried + 1)
+        else:
+            name = bytes.fromhex(wanted) + b".ckptfs-conflict-" + \
+                self.st.leases.node_id.encode()[:12] + b"-" + \
+                str(record.get("ino", 0)).encode() + b"-" + str(tried + 1).encode()
+            log.warning("%s; this node's %s, renamed on since, goes on from %s", why, what,
+                        name.decode(errors="replace"))
+        return name, {"conflict": [wanted, tried + 1]}
 
     async def _join_dir(self, inode: Inode, key: str) -> None:
         """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
@@ -256,20 +276,16 @@ class MetaLogApply:
         parent = self.st.ns.maybe_get(inode.parent) if inode.parent else None
         later = {s: r for s, r in self.st.oplog.pending.items()
                  if s > seq and r.get("ino") == inode.ino}
-        if parent is not None and dir_id_of(parent) == to_id and not later and \
-                inode.name == bytes.fromhex(to_name):
-            name = keep_under_own_name(self.st, inode, why, "file")
-        else:
-            name = bytes.fromhex(to_name) + b".ckptfs-conflict-" + \
-                self.st.leases.node_id.encode()[:12] + b"-" + str(seq).encode()
-            log.warning("%s; this node's file, renamed on since, goes on from %s",
-                        why, name.decode(errors="replace"))
+        here = parent is not None and dir_id_of(parent) == to_id and not later and \
+            inode.name == bytes.fromhex(to_name)
+        name, tried = self._next_conflict_name(record, "to_name", inode if here else None,
+                                               why, "file")
         for after, other in later.items():
             if other.get("name") == to_name and \
                     self.st.oplog.resolve(other.get("parent_id", "")) == to_id:
                 self.st.oplog.update(after, {**other, "name": name.hex()})
         self.st.oplog.update(seq, {**record, "to_name": name.hex(), "replaced": None,
-                                   "retry_now": True})
+                                   **tried, "retry_now": True})
 
     @staticmethod
     def _removed_since(inode: Inode | None) -> bool:

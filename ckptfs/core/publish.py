@@ -18,7 +18,7 @@ from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
 from ..store import StoreError
 from . import unsure
-from .conflicts import NameTaken, keep_under_own_name
+from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name
 from .critical import no_await
 from .state import STAGING_FULL_MARGIN, CoreState, Handle, Runtime, Session
 from typing import TYPE_CHECKING
@@ -314,16 +314,22 @@ class Publish:
         over it: this file is kept under a visible name of its own,
         ``NAME.ckptfs-conflict-<node>``, and published there (decision 0016); its
         note goes with it."""
-        try:
-            await self.entries._put_entry(inode)
-        except NameTaken as exc:
-            unsure.answered(inode, noted[0])        # refused there: not in the store
-            keep_under_own_name(self.st, inode, str(exc), "file")
-            noted[0] = self.entries._key_of(inode)
-            if not inode.link_id:
-                unsure.note(self.st.ns, inode, *noted)
-            self.st.ns.save(inode)
-            await self.entries._put_entry(inode)
+        wanted = inode.name
+        for tried in range(CONFLICT_NAMES + 1):
+            try:
+                await self.entries._put_entry(inode)
+                return
+            except NameTaken as exc:
+                unsure.answered(inode, noted[0])        # refused there: not in the store
+                if tried == CONFLICT_NAMES:
+                    raise FsError(errno.EIO, f"{exc}; no free conflict name") from None
+                # (a name the store refused stays this inode's here: the next is after it)
+                keep_under_own_name(self.st, inode, str(exc), "file", name_of=wanted,
+                                    first=tried + 1)
+                noted[0] = self.entries._key_of(inode)
+                if not inode.link_id:
+                    unsure.note(self.st.ns, inode, *noted)
+                self.st.ns.save(inode)
 
     @no_await
     def _land(self, inode: Inode, rt: Runtime, ver: int, size: int) -> bool:

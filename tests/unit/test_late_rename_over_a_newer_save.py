@@ -146,3 +146,25 @@ async def test_a_late_rename_renamed_away_and_back_keeps_its_file_beside_the_new
         assert seen[0].pop("dst") == B_DATA
         assert list(seen[0].values()) == [A_DATA]
         assert list(seen[0])[0].startswith("dst.ckptfs-conflict-")
+
+
+async def test_a_late_rename_whose_conflict_name_is_taken_too_takes_the_next(tmp_path):
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await a.save(ROOT_INO, b"tmp", A_DATA)
+        await a.fs.wait_idle()
+        taken = b"dst.ckptfs-conflict-" + a.fs.st.leases.node_id.encode()[:12]
+        claim = store.gate("put", prefix="dirs/root/tmp")
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+        await reached(claim)
+        await b.save(ROOT_INO, b"dst", B_DATA)
+        await b.save(ROOT_INO, taken, b"a name of B's")
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        claim.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+        for node in (a, b):
+            assert await contents(node) == {"dst": B_DATA, taken.decode(): b"a name of B's",
+                                            taken.decode() + "-2": A_DATA}

@@ -222,3 +222,38 @@ def test_a_publish_over_a_name_another_node_made_a_directory_keeps_both(tmp_path
         assert any(n.startswith("f0.ckptfs-conflict-") for n in names), names
         assert await a.load(await a.resolve(kept[0].rpartition("/")[2])) == b"v2"
     run(tmp_path, body, durability=durability)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_publish_whose_conflict_name_is_taken_too_takes_the_next_free_one(tmp_path,
+                                                                            durability):
+    """As above, and B also made ``f0.ckptfs-conflict-<A's node>`` a directory (a
+    conflict of an earlier save, or a user's name), which A has not listed.  The second
+    refusal went out of the publish as it came: async retried it for ever (``wait``
+    never done), sync answered the close with an error no errno names.  A's save now
+    takes the next free conflict name, ``...-2``, and B's directories stay."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"v1")
+        await a.fs.wait_idle()
+        handle = await a.fs.open(ino_a, os.O_WRONLY | os.O_TRUNC, a.me())
+        taken = b"f0.ckptfs-conflict-" + a.fs.st.leases.node_id.encode()[:12]
+        await b.resolve("f0")
+        await b.fs.unlink(ROOT_INO, b"f0")
+        await b.fs.mkdir(ROOT_INO, b"f0", 0o755, 0, 0)
+        await b.fs.mkdir(ROOT_INO, taken, 0o755, 0, 0)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        await a.fs.write(handle.fh, 0, b"v2")
+        await a.fs.flush(handle.fh)
+        await a.fs.release(handle.fh)
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        from ckptfs.format.remote import Entry
+        for name in (b"f0", taken):
+            entry = Entry.from_json(bytes(store.get("dirs/root/" + name.decode())[0]))
+            assert entry.type == "dir", f"A's publish wrote over B's directory {name!r}"
+        second = (taken + b"-2").decode()
+        assert Entry.from_json(bytes(store.get("dirs/root/" + second)[0])).size == 2
+        await a.fs.refresh_dir(ROOT_INO, force=True)
+        assert await a.load(await a.resolve(second)) == b"v2"
+    run(tmp_path, body, durability=durability)
