@@ -63,7 +63,7 @@ class _Before:
 def _unsent(before: list[str], mode: int | None, uid: int | None, gid: int | None,
             mtime_ns: int | None) -> list[str]:
     """The attributes changed here and not yet sent, with a setattr's added: what a
-    rewrite that meets another node's newer entry keeps (``EntryIO._take_attributes``)."""
+    rewrite that meets another node's newer entry keeps (``entries.take_attributes``)."""
     changed = {"mode"} if mode is not None else set()
     if uid is not None or gid is not None:
         changed.add("owner")

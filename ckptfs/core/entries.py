@@ -52,7 +52,7 @@ class EntryIO:
                                     link_id=entry.link,
                                     remote_nlink=entry.nlink if entry.link else 0,
                                     staged=entry.staged and entry.type == "dir",
-                                    sealed_at=entry.sealed_at, save_id=entry.save_id)
+                                    sealed_at=entry.sealed_at, save_id=read_save_id(entry))
 
     def _entry_of(self, inode: Inode) -> Entry:
         """The entry a name of ``inode`` has in its directory: the whole object, or for
@@ -71,7 +71,7 @@ class EntryIO:
                      rdev=inode.rdev, xattrs=dict(inode.xattrs),
                      nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
                      sealed_at=inode.sealed_at,
-                     save_id=inode.save_id if inode.type != "dir" else None)
+                     save_id=(inode.save_id or None) if inode.type != "dir" else None)
 
     async def _store(self, fn, *args, abandon_on_cancel: bool = False):
         async with self.st.meta_limiter:
@@ -190,21 +190,8 @@ class EntryIO:
             return etag         # written over, as an unconditional save did
         if entry.type != "file":
             raise NameTaken(f"another node made {key} a {entry.type}")
-        self._take_attributes(inode, entry, mtime=False)
+        take_attributes(inode, entry, mtime=False)
         return etag
-
-    def _take_attributes(self, inode: Inode, entry: Entry, *, mtime: bool) -> None:
-        """The store's attributes (with ``mtime``, its mtime too), except those changed
-        here and not sent yet (``attrs_unsent``): those are the later change."""
-        mine = set(inode.attrs_unsent)
-        if "mode" not in mine:
-            inode.mode = entry.mode
-        if "owner" not in mine:
-            inode.uid, inode.gid = entry.uid, entry.gid
-        if "xattrs" not in mine:
-            inode.xattrs = dict(entry.xattrs)
-        if mtime and "mtime" not in mine:
-            inode.mtime_ns = entry.mtime_ns
 
     async def _put_linked(self, inode: Inode) -> None:
         """Publish a hard-linked inode: one PUT of its inode object (the content of
@@ -325,7 +312,7 @@ class EntryIO:
     def _identity(self, inode: Inode) -> dict:
         """What tells that the store's entry of a name is still ``inode``'s, whatever
         this node rewrote or moved meanwhile: a directory's id, else the content."""
-        return {"ident": entry_identity(self._content_entry(inode))}
+        return {"ident": inode_identity(self._content_entry(inode), inode.save_id)}
 
     async def _current_entry(self, inode: Inode, key: str,
                              allow_link: bool = False) -> tuple[Entry, str]:
@@ -363,14 +350,16 @@ class EntryIO:
         if entry.type == inode.type:
             # The mtime too, of a file no version of which is being written here.
             rt = self.st.runtime.get(inode.ino)
-            self._take_attributes(inode, entry, mtime=inode.type == "file" and not inode.dirty
+            take_attributes(inode, entry, mtime=inode.type == "file" and not inode.dirty
                                   and (rt is None or rt.session is None))
         if inode.link_id:
             inode.remote_nlink = entry.nlink
-        inode.save_id = inode.save_id if inode.type == "file" else entry.save_id  # (below)
+        saved = read_save_id(entry)
+        inode.save_id = saved if inode.type != "file" or inode.save_id is None else \
+            inode.save_id       # (a file's new save: below)
         if inode.type == "file" and not inode.dirty and \
-                (inode.chunks, inode.save_id) != (entry.chunks, entry.save_id):  # new save
-            inode.chunks, inode.size, inode.save_id = list(entry.chunks), entry.size, entry.save_id
+                (inode.chunks, inode.save_id) != (entry.chunks, saved):  # new save
+            inode.chunks, inode.size, inode.save_id = list(entry.chunks), entry.size, saved
             if "mtime" not in inode.attrs_unsent:     # a utime here is the later change
                 inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
@@ -429,6 +418,41 @@ class EntryIO:
             except PreconditionFailed:
                 continue
         raise FsError(errno.EIO, f"{key} keeps changing; not deleted")
+
+
+# An inode's save id when this node read its entry and the entry had none (written by
+# a release before save ids): its records then say "no save id" (``@-``), which an entry
+# with one does not match.  ``None`` on an inode is "not known" (a record of an older
+# release), compared by content only.
+READ_WITHOUT_SAVE_ID = ""
+
+
+def read_save_id(entry: Entry) -> str | None:
+    """The save id an inode takes from an entry it reads."""
+    if entry.type == "dir":
+        return None
+    return entry.save_id or READ_WITHOUT_SAVE_ID
+
+
+def take_attributes(inode: Inode, entry: Entry, *, mtime: bool) -> None:
+    """The store's attributes (with ``mtime``, its mtime too), except those changed
+    here and not sent yet (``attrs_unsent``): those are the later change."""
+    mine = set(inode.attrs_unsent)
+    if "mode" not in mine:
+        inode.mode = entry.mode
+    if "owner" not in mine:
+        inode.uid, inode.gid = entry.uid, entry.gid
+    if "xattrs" not in mine:
+        inode.xattrs = dict(entry.xattrs)
+    if mtime and "mtime" not in mine:
+        inode.mtime_ns = entry.mtime_ns
+
+
+def inode_identity(entry: Entry, save_id: str | None) -> str:
+    """``entry_identity`` of an inode's entry; read here without a save id, ``@-``: an
+    entry with one is then another save (``same_object``)."""
+    suffix = "@-" if save_id == READ_WITHOUT_SAVE_ID else ""
+    return entry_identity(entry) + suffix
 
 
 def entry_identity(entry: Entry) -> str:

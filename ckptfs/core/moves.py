@@ -185,7 +185,7 @@ class EntryMoves:
                       new_key, entry.moving_to, old_key)
             return None
         if expect is not None and inode.type != "dir":
-            own = entry_identity(self.entries._content_entry(inode))
+            own = self.entries._identity(inode)["ident"]
             if not same_object(entry, expect | {own}):
                 raise NameTaken(f"another node saved {new_key} after this node's rename "
                                 f"to it")

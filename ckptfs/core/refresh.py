@@ -14,6 +14,8 @@ from ..meta.namespace import ROOT_INO, Inode
 from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, decode_name, dir_prefix, inode_key
 from ..store import NotFound
 
+from .entries import read_save_id
+
 from .critical import no_await
 from .state import CoreState, dir_id_of
 from collections.abc import Callable
@@ -244,7 +246,7 @@ class Refresh:
         content_changed = inode.chunks != entry.chunks
         inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
         inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size
-        inode.save_id = entry.save_id
+        inode.save_id = read_save_id(entry)
         inode.target, inode.remote_etag = entry.target, etag
         inode.rdev, inode.xattrs = entry.rdev, dict(entry.xattrs)
         inode.staged = entry.staged and entry.type == "dir"

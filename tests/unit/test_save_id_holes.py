@@ -257,3 +257,35 @@ def test_a_publish_whose_conflict_name_is_taken_too_takes_the_next_free_one(tmp_
         await a.fs.refresh_dir(ROOT_INO, force=True)
         assert await a.load(await a.resolve(second)) == b"v2"
     run(tmp_path, body, durability=durability)
+
+
+@pytest.mark.parametrize("data", [b"", b"same bytes"], ids=["empty", "same-bytes"])
+def test_a_late_removal_of_an_entry_written_before_save_ids_leaves_a_newer_save(tmp_path,
+                                                                              data):
+    """A store written by a release before save ids: B reads ``f0``'s entry, which has
+    none, and removes it while the store refuses its deletes; A saves ``f0`` again with
+    the same bytes (a save id now).  B's record named the entry by content only, which
+    also matched A's new save: the late delete took it.  A node of this release that read
+    an entry without a save id now says so in its record, and an entry with one is then
+    another save."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", data)
+        await a.fs.wait_idle()
+        import json
+        doc = json.loads(bytes(store.get("dirs/root/f0")[0]))
+        del doc["save"]                                    # as an older release wrote it
+        store.put("dirs/root/f0", json.dumps(doc).encode())
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        assert await b.load(await b.resolve("f0")) == data
+        refused = refuse_deletes(store)
+        await b.fs.unlink(ROOT_INO, b"f0")                # journaled; its delete waits
+        await trio.sleep(0.2)
+        await save_over(a, ino_a, data)                   # A saves f0 again, same bytes
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        refused.remove()
+        with trio.fail_after(60):
+            await b.fs.wait_idle()
+        assert "dirs/root/f0" in [o.key for o in store.list("dirs/root/")], \
+            "B's late removal took A's newer save"
+    run(tmp_path, body)
