@@ -44,3 +44,14 @@ def keep_under_own_name(st: CoreState, inode: Inode, why: str, what: str, *,
     st.ns.move(inode, inode.parent, name)
     st._touch_dir(inode.parent)
     return name
+
+
+def records_follow(st: CoreState, ino: int, dir_id: str, old: bytes, new: bytes,
+                   after: int = 0) -> None:
+    """Pending log records of ``ino`` (after ``after``) naming it as ``old`` in
+    ``dir_id`` now name it ``new``: it moved there on this node without a record of
+    its own (a conflict), and they must find it where it is."""
+    for seq, record in list(st.oplog.pending.items()):
+        if seq > after and record.get("ino") == ino and record.get("name") == old.hex() \
+                and st.oplog.resolve(record.get("parent_id", "")) == dir_id:
+            st.oplog.update(seq, {**record, "name": new.hex()})

@@ -8,6 +8,7 @@ import logging
 
 from ..format.remote import dir_prefix, entry_key
 from ..meta.namespace import ROOT_INO, Inode
+from .conflicts import keep_under_own_name, records_follow
 from .critical import no_await
 from .state import CoreState, dir_id_of
 
@@ -115,6 +116,13 @@ class ListedDirIds:
                     or self.st.oplog.is_busy(holder.parent))
 
     @no_await
+    def _has_work(self, inode: Inode) -> bool:
+        """Whether this node owes the store something of ``inode`` (no await)."""
+        ino = inode.ino
+        return inode.dirty or not inode.published or ino in self.st.queue.queued or \
+            self.st._locked(ino) or bool(self.st._writers(ino))
+
+    @no_await
     def _move_here(self, holder: Inode, dir_inode: Inode, name: bytes,
                    local: dict[bytes, int], displaced: list[tuple[Inode, bytes]]) -> None:
         """Give ``holder`` the name ``name`` in ``dir_inode`` (the apply phase's view
@@ -127,8 +135,17 @@ class ListedDirIds:
         there = local.get(name)
         if there is not None and there != holder.ino:
             before = self.st.ns.get(there)
-            self.st.ns.unlink(before, dir_inode.ino, name)
-            displaced.append((before, name))
+            if self._has_work(before):
+                # Made or saved here and not in the store yet: kept beside the directory
+                # (no serial order has both under one name; decision 0016).
+                kept = keep_under_own_name(
+                    self.st, before, f"another node moved a directory to {name!r}",
+                    before.type if before.type != "dir" else "directory")
+                records_follow(self.st, before.ino, dir_id_of(dir_inode), name, kept)
+                local[kept] = before.ino
+            else:
+                self.st.ns.unlink(before, dir_inode.ino, name)
+                displaced.append((before, name))
         if old_parent == dir_inode.ino:
             local.pop(old_name, None)
         elif old_parent:

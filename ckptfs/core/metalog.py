@@ -14,7 +14,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
 from ..store import NotFound
 
 from . import unsure
-from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name
+from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name, records_follow
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -107,8 +107,10 @@ class MetaLogApply:
         directory keeps everything under a visible name of its own,
         ``NAME.ckptfs-conflict-<node>`` (said once), and its record is retried under it
         (decision 0016: a conflict never deletes)."""
-        name, tried = self._next_conflict_name(record, "name", inode, why, "directory")
-        self.st.oplog.update(seq, {**record, "name": name.hex(), **tried, "retry_now": True})
+        with self.st.ns.batch():     # the name here and the record: one commit
+            name, tried = self._next_conflict_name(record, "name", inode, why, "directory")
+            self.st.oplog.update(seq, {**record, "name": name.hex(), **tried,
+                                       "retry_now": True})
 
     def _next_conflict_name(self, record: dict, field: str, inode: Inode | None, why: str,
                             what: str) -> tuple[bytes, dict]:
@@ -219,7 +221,8 @@ class MetaLogApply:
                 # A file moves only over what it replaced here, or what this node sent
                 # there since (its own later save): never over another node's newer save.
                 expect = None if inode.type == "dir" else \
-                    {i for i in (replaced, *unsure.under(inode, new_key)) if i}
+                    {i for i in (replaced, *record.get("target_unsure", ()),
+                                 *unsure.under(inode, new_key)) if i}
                 try:
                     seals = await self._move_locked(inode, old_key, new_key, seals,
                                                     replaced, expect)
@@ -276,16 +279,16 @@ class MetaLogApply:
         parent = self.st.ns.maybe_get(inode.parent) if inode.parent else None
         later = {s: r for s, r in self.st.oplog.pending.items()
                  if s > seq and r.get("ino") == inode.ino}
-        here = parent is not None and dir_id_of(parent) == to_id and not later and \
-            inode.name == bytes.fromhex(to_name)
-        name, tried = self._next_conflict_name(record, "to_name", inode if here else None,
-                                               why, "file")
-        for after, other in later.items():
-            if other.get("name") == to_name and \
-                    self.st.oplog.resolve(other.get("parent_id", "")) == to_id:
-                self.st.oplog.update(after, {**other, "name": name.hex()})
-        self.st.oplog.update(seq, {**record, "to_name": name.hex(), "replaced": None,
-                                   **tried, "retry_now": True})
+        here = parent is not None and dir_id_of(parent) == to_id and \
+            inode.name == bytes.fromhex(to_name) and \
+            not any(r.get("kind") == "move" for r in later.values())
+        with self.st.ns.batch():     # the name here and the records: one commit
+            name, tried = self._next_conflict_name(record, "to_name",
+                                                   inode if here else None, why, "file")
+            # (a chmod's record, a rename's on)
+            records_follow(self.st, inode.ino, to_id, bytes.fromhex(to_name), name, seq)
+            self.st.oplog.update(seq, {**record, "to_name": name.hex(), "replaced": None,
+                                       "target_unsure": [], **tried, "retry_now": True})
 
     @staticmethod
     def _removed_since(inode: Inode | None) -> bool:

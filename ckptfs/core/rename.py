@@ -185,7 +185,11 @@ class Rename:
         target_ino = self.st.ns.lookup(new_parent, new_name)
         if target_ino is not None and target_ino != inode.ino:
             replaced = self.st.ns.get(target_ino)
-            unsure.hand_over(replaced, inode, entry_key(dir_id_of(new_dir), new_name))
+            new_key = entry_key(dir_id_of(new_dir), new_name)
+            unsure.hand_over(replaced, inode, new_key)
+            # What this node sent there unanswered is not another node's save when the
+            # move lands (a later rename of the file on takes these notes from it).
+            record["target_unsure"] = unsure.under(inode, new_key)
             if replaced.published and self.held.never_closed(inode):
                 self.held.hold(inode, new_dir, new_name, replaced)
             elif replaced.published:

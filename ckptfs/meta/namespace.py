@@ -262,8 +262,8 @@ class JournalTables:
         return seq
 
     def journal_put(self: _NamespaceParts, seq: int, record: dict) -> None:
-        """Replace a pending record (same place in the order)."""
-        with self.env.begin(write=True) as txn:
+        """Replace a pending record (same place in the order); in the caller's batch."""
+        with self._write() as txn:
             txn.put(_k(seq), json.dumps(record).encode(), db=self.db_journal)
 
     def journal_done(self: _NamespaceParts, seq: int) -> None:

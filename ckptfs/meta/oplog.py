@@ -187,8 +187,8 @@ class MetaLog:
     def update(self, seq: int, record: dict) -> None:
         """Change a pending record (a conflict renamed what it creates), in the journal
         too, before it is tried again."""
-        self.pending[seq] = record
         self.ns.journal_put(seq, record)
+        self.pending[seq] = record
 
     def _finish(self, seq: int) -> None:
         record = self.pending.pop(seq)
