@@ -16,6 +16,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
 from .chunkmap import ChunkMap
+from .critical import no_await
 from .state import PAGE_VERSIONS_KEPT, PASSTHROUGH_MIN_FREE, CoreState, Handle, Runtime
 from .write import WritePath
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # PASSTHROUGH_DRAIN_POLL s, then gets EBUSY (decision 0019).
 PASSTHROUGH_DRAIN = 2.0
 PASSTHROUGH_DRAIN_POLL = 0.005
+MOVED_AWAY_KEPT = 1024
 
 
 class Opening:
@@ -43,6 +45,8 @@ class Opening:
         self.readbehind = readbehind    # uploads a passthrough writer's complete chunks
         self._next_fh = 1
         self.page_versions: OrderedDict[int, object] = OrderedDict()
+        # Inodes whose name moved to a fresh one (``_fresh_inode_for_name``), bounded.
+        self.moved_away: OrderedDict[int, None] = OrderedDict()
 
     def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
         handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
@@ -90,13 +94,22 @@ class Opening:
 
     async def _wait_for_passthrough_readers(self, ino: int) -> None:
         """A writer opening ``ino`` while the kernel still reads it through a closed
-        version's staging file waits for those handles to go (PASSTHROUGH_DRAIN), then
-        is refused with EBUSY: answered with the daemon's path, the kernel itself would
-        fail the open with EIO."""
+        version's staging file: answered with the daemon's path, the kernel itself
+        would fail the open with EIO.  Once that version is in the store, the name moves
+        to a fresh inode and the open answers ESTALE: the kernel looks the name up again
+        and opens the fresh one (``_fresh_inode_for_name``).  Until then it waits for
+        those handles to go or the upload to land (PASSTHROUGH_DRAIN), then is refused
+        with EBUSY."""
+        inode = self.st.ns.maybe_get(ino)
+        if inode is not None and not inode.parent and ino in self.moved_away:
+            # A lookup the kernel answered from its dentry cache before it was told.
+            raise FsError(errno.ESTALE, "the name has moved to a fresh inode")
         if not self._lingering_passthrough(self.st.runtime.get(ino)):
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._lingering_passthrough(self.st.runtime.get(ino)):
+                if self._fresh_inode_for_name(ino):
+                    raise FsError(errno.ESTALE, "the name has moved to a fresh inode")
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
         if self._lingering_passthrough(self.st.runtime.get(ino)):
             inode = self.st.ns.maybe_get(ino)
@@ -106,6 +119,40 @@ class Opening:
                         "backing file per file); it may be opened again once that reader "
                         "closes it", where)
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
+
+    @no_await
+    def _fresh_inode_for_name(self, ino: int) -> bool:
+        """Give the name of ``ino`` a fresh inode showing the same saved version (the
+        store changes nothing: its entry is the fresh inode's now); the old inode lives
+        on, nameless, for the passthrough readers that hold it and goes with their
+        release.  Only for a file that owes the store nothing and has one name: False
+        otherwise."""
+        inode = self.st.ns.maybe_get(ino)
+        rt = self.st.runtime.get(ino)
+        if inode is None or inode.type != "file" or not inode.parent or \
+                not inode.published or inode.dirty or inode.link_id or inode.aliases or \
+                inode.held or inode.attrs_unsent or inode.unsure or \
+                ino in self.st.queue.queued or self.st._locked(ino) or \
+                (rt is not None and rt.session is not None) or \
+                any(r.get("ino") == ino for r in self.st.oplog.pending.values()):
+            return False
+        parent, name = inode.parent, inode.name
+        with self.st.ns.batch():
+            self.st.ns.unlink(inode)      # here only: the store's entry stays as it is
+            self.st.ns.new_inode(parent, name, "file", inode.mode, inode.uid, inode.gid,
+                                 size=inode.published_size, chunks=list(inode.chunks),
+                                 published=True, remote_etag=inode.remote_etag,
+                                 mtime_ns=inode.mtime_ns, xattrs=dict(inode.xattrs),
+                                 save_id=inode.save_id)
+        self.moved_away[ino] = None
+        while len(self.moved_away) > MOVED_AWAY_KEPT:
+            self.moved_away.popitem(last=False)
+        log.info("%s: a reader still reads the version before through the kernel; the "
+                 "name moves to a fresh inode for the next save",
+                 name.decode(errors="replace"))
+        if self.st.invalidate_entry is not None:
+            self.st.nursery.start_soon(self.st.invalidate_entry, parent, name)
+        return True
 
     def decide_passthrough(self, handle: Handle, fresh: bool) -> None:
         """Whether the kernel reads and writes this handle's bytes in its staging file

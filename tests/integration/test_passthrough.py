@@ -9,12 +9,15 @@ that tools/setup.sh builds (tools/build_passthrough.sh)."""
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import signal
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from support.mounts import eventually, run_ckptfs
 from support.posix import fill_file_system
@@ -107,14 +110,21 @@ def test_a_reader_of_the_old_version_and_a_writer_of_the_new(local_store, make_m
     assert path.read_bytes() == b"c" * MiB
 
 
-def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_mount):
+def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_mount,
+                                                            tmp_path):
     """A reader that opened while a save went through the kernel shares its staging file
     (the kernel's rule: one backing file per inode, every open of it passthrough) and may
-    stay open past that save's close.  The kernel fails (EIO) any open of such an inode
-    that is not passthrough, so the next save cannot simply go to the daemon beside it:
-    it waits for the reader to close (the usual case: a release already on its way) and,
-    if the reader stays, is refused with EBUSY -- nothing of either version is lost."""
-    node = make_mount(local_store, durability="async")
+    stay open past that save's close -- a watcher loading ``latest.pt`` while the
+    trainer saves it again.  The kernel fails (EIO) any open of such an inode that is
+    not passthrough, so the next save cannot go to the daemon beside it.  Once the
+    reader's version is in the store, the name moves to a fresh inode (the open answers
+    ESTALE and the kernel looks the name up again): the next save goes on at once and
+    the reader keeps its version.  While that version still waits for its upload, the
+    save waits for the reader (the usual case: a release already on its way) and, if it
+    stays, is refused with EBUSY -- nothing of either version is lost."""
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    node = make_mount(local_store, durability="async", faults={"control_file": str(control)})
     _kernel_path(node)
     path = node.path / "latest.pt"
     path.write_bytes(b"a" * MiB)
@@ -124,28 +134,41 @@ def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_m
         reader = open(path, "rb")                       # joins the writer's staging file
     try:
         assert reader.read(4096) == b"b" * 4096
-        refused = None
-        try:
-            open(path, "wb").close()                    # the next save, reader still open
-        except OSError as exc:
-            refused = exc
-        assert refused is not None and refused.errno == errno.EBUSY, refused
+        run_ckptfs("wait", str(node.path), check=True)   # b is in the store
+        with open(path, "wb") as writer:                 # the next save, reader still open
+            writer.write(b"c" * MiB)
         assert reader.read() == b"b" * (MiB - 4096)     # the reader keeps its version
+        assert os.fstat(reader.fileno()).st_nlink == 0  # (its inode has no name now)
     finally:
         reader.close()
-    assert path.read_bytes() == b"b" * MiB
+    assert path.read_bytes() == b"c" * MiB
+    # The version before not uploaded yet (the store refuses): the save waits for the
+    # reader, then EBUSY; the reader and the name keep that version.
+    control.write_text(json.dumps({"rules": [{"op": "put", "kind": "transient"}]}))
+    with open(path, "wb") as writer:
+        writer.write(b"d" * MiB)
+        writer.flush()
+        reader = open(path, "rb")
+    try:
+        with pytest.raises(OSError) as refused:
+            open(path, "wb").close()
+        assert refused.value.errno == errno.EBUSY, refused.value
+        assert reader.read() == b"d" * MiB
+    finally:
+        reader.close()
+    control.write_text(json.dumps({"rules": []}))
     # A reader that goes while the next save waits: the save goes on.
     with open(path, "wb") as writer:
-        writer.write(b"c" * MiB)
+        writer.write(b"f" * MiB)
         writer.flush()
         reader = open(path, "rb")
     threading.Timer(0.1, reader.close).start()   # well inside the 2 s the save waits
     with open(path, "wb") as writer:
-        writer.write(b"d" * MiB)
-    assert path.read_bytes() == b"d" * MiB
+        writer.write(b"g" * MiB)
+    assert path.read_bytes() == b"g" * MiB
     run_ckptfs("wait", str(node.path), check=True)
     assert (make_mount(local_store, name="fresh").path / "latest.pt").read_bytes() == \
-        b"d" * MiB
+        b"g" * MiB
 
 
 def test_a_mount_without_passthrough_says_why(local_store, make_mount):
