@@ -12,7 +12,7 @@ import trio
 
 from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
-from ..format.remote import entry_key
+from ..format.remote import Entry, entry_key
 from ..store import PreconditionFailed
 from . import unsure
 from .critical import no_await
@@ -257,19 +257,20 @@ class Rename:
                 key_b = entry_key(dir_id_of(self.st.ns.get(b_parent)), b_name)
                 a_remote = a.published and not a.links_pending
                 b_remote = b.published and not b.links_pending
-                claim_a = (await self.moves.claim(a, key_a, key_b))[0] if a_remote else None
+                # What each name holds is swapped -- another node's file of the other
+                # kind (hard-linked or not) that filled it meanwhile included, as a
+                # rename moves it (``EntryMoves.claim``).
+                claim_a, moved_a = await self._claim_for_exchange(a, key_a, key_b, a_remote)
                 try:
-                    claim_b = (await self.moves.claim(b, key_b, key_a))[0] if b_remote \
-                        else None
+                    claim_b, moved_b = await self._claim_for_exchange(b, key_b, key_a,
+                                                                      b_remote)
                 except BaseException:
                     if claim_a is not None:   # give the first name back its entry
                         with trio.CancelScope(shield=True):
-                            await self.moves.put_quietly(key_a, self.entries._entry_of(a), claim_a)
+                            await self.moves.put_quietly(key_a, moved_a, claim_a)
                     raise
-                steps = [(key_b, self.entries._entry_of(a).to_json().decode() if a_remote
-                          else None, claim_b),
-                         (key_a, self.entries._entry_of(b).to_json().decode() if b_remote
-                          else None, claim_a)]
+                steps = [(key_b, moved_a.to_json().decode() if a_remote else None, claim_b),
+                         (key_a, moved_b.to_json().decode() if b_remote else None, claim_a)]
                 seq = self.st.ns.journal_add({"op": "exchange", "steps": steps})
                 await self.st._sync_journal()
                 await self._finish_exchange(steps)
@@ -280,6 +281,18 @@ class Rename:
                     [a_parent, b_parent], f"exchange of {a_name!r}", a_remote or b_remote)
         self.st._drop_rt(a.ino)
         self.st._drop_rt(b.ino)
+
+    async def _claim_for_exchange(self, inode: Inode, key: str, other_key: str,
+                                  remote: bool) -> tuple[str | None, Entry]:
+        """The claim on one name of an exchange and the entry that name then hands over
+        (nothing to claim for a name the store has not got yet)."""
+        if not remote:
+            return None, self.entries._entry_of(inode)
+        etag, found = await self.moves.claim(inode, key, other_key, found_ok=True)
+        found.moving_to, found.moving_at = None, 0.0
+        if bool(inode.link_id) != (found.type == "link"):
+            return etag, found
+        return etag, self.entries._entry_of(inode)
 
     @no_await
     def _exchange_locally(self, seq: int, a: Inode, a_at: tuple[int, bytes], b: Inode,

@@ -64,3 +64,34 @@ def test_a_name_renamed_after_another_node_renamed_a_linked_name_over_it(tmp_pat
         for name in ("f0", "f2"):
             assert json.loads(store.get(f"dirs/root/{name}")[0])["type"] == "link"
     run(tmp_path, body)
+
+
+def test_an_exchange_of_a_linked_name_another_node_filled_with_a_file_swaps_that_file(
+        tmp_path):
+    """RENAME_EXCHANGE the same way: A renames ``f1`` over ``f0``; B, whose view still has
+    ``f0`` as a name of its hard-linked file, exchanges ``f0`` and its ``f3``.
+    Serially (A's first) the exchange swaps what ``f0`` holds then -- A's file -- with
+    ``f3``.  It answered ENOENT, which no serial order gives."""
+    from ckptfs.core.state import RENAME_EXCHANGE
+
+    async def body(a, b, store) -> None:
+        await b.save(ROOT_INO, b"f3", b"v6 B's plain")
+        await a.fs.rename(ROOT_INO, b"f1", ROOT_INO, b"f0", 0)
+        await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f3", RENAME_EXCHANGE)
+        keys = sorted(o.key for o in store.list("dirs/root/"))
+        assert keys == ["dirs/root/f0", "dirs/root/f2", "dirs/root/f3"], keys
+        f0 = json.loads(store.get("dirs/root/f0")[0])
+        f3 = json.loads(store.get("dirs/root/f3")[0])
+        assert f0["type"] == "file" and f0["size"] == len(b"v6 B's plain")
+        assert f3["type"] == "file" and f3["size"] == len(b"v4 plain"), \
+            "the exchange lost A's file"
+        assert json.loads(store.get("dirs/root/f2")[0])["type"] == "link"
+        seen: list[bytes] = []
+        for _ in range(50):   # a listing begun before the exchange applies nothing
+            await b.fs.refresh_dir(ROOT_INO, force=True)
+            seen = [await b.load(await b.resolve(n)) for n in ("f3", "f0")]
+            if seen == [b"v4 plain", b"v6 B's plain"]:
+                break
+            await trio.sleep(0.05)
+        assert seen == [b"v4 plain", b"v6 B's plain"], "B's view after its exchange"
+    run(tmp_path, body)
