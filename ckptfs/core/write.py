@@ -19,6 +19,10 @@ from ..meta.namespace import Inode
 from ..data.upload import ChunkTracker
 from .state import MAX_STAGED_FRACTION, CoreState, Runtime, Session
 
+# Writers held by ``max_staged`` are said once, then at most this often (s): a writer
+# that writes in small pieces waits once per write (fsx: 15 warnings a second).
+HELD_SAID_EVERY = 60.0
+
 log = logging.getLogger(__name__)
 
 
@@ -33,6 +37,8 @@ class WritePath:
         self.max_staged = st.config.max_staged or \
             int(shutil.disk_usage(st.staging.root).free * MAX_STAGED_FRACTION)
         self.writers_waiting = 0
+        self._said_at: float | None = None    # the last "writers wait" warning (trio time)
+        self._held_since_said = 0
         self._staged_bytes = (0.0, 0)          # (when counted, bytes)
         st.ns.on_reload = self.reloaded
 
@@ -215,8 +221,15 @@ class WritePath:
         """Past ``max_staged``, a writer waits for uploads instead of filling the disk
         (while uploads are under way: a file larger than the bound still gets written)."""
         if not self.writers_waiting:
-            log.warning("%d bytes closed and not yet uploaded, over max_staged (%d): "
-                        "writers wait for uploads", self.staged_bytes(), self.max_staged)
+            self._held_since_said += 1
+            now = trio.current_time()
+            if self._said_at is None or now - self._said_at >= HELD_SAID_EVERY:
+                more = self._held_since_said - 1
+                log.warning("%d bytes closed and not yet uploaded, over max_staged (%d): "
+                            "writers wait for uploads%s", self.staged_bytes(),
+                            self.max_staged,
+                            f" ({more} times since this was last said)" if more else "")
+                self._said_at, self._held_since_said = now, 0
         self.writers_waiting += 1
         try:
             while self.staged_bytes(fresh=True) > self.max_staged and self.st.queue.active():

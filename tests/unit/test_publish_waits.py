@@ -6,6 +6,7 @@ waiter must return as soon as the publish it waits for is done, with the clock a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -121,3 +122,20 @@ async def test_a_writer_waiting_for_room_wakes_when_an_upload_lands(core, mock_c
     _, _, gate = await _pending_under_a_dir(core)
     core.fs.writes.max_staged = -1       # over the bound while anything is queued
     await _waits_then_wakes(core.fs.writes._wait_for_room, gate)
+
+
+async def test_writers_held_by_max_staged_are_said_once_a_minute_not_per_write(
+        core, mock_clock, caplog):
+    """fsx under ``--max-staged 3M`` logged the warning 1 240 times in 2.5 minutes: once
+    per write that waited.  Now once, then at most once a minute with how many more
+    times writers waited meanwhile (49: the 50 calls but the first)."""
+    core.fs.writes.max_staged = -1       # over the bound (nothing queued: no wait)
+    with caplog.at_level(logging.WARNING, logger="ckptfs.core.write"):
+        for _ in range(50):
+            await core.fs.writes._wait_for_room()
+            mock_clock.jump(0.1)
+        assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+        mock_clock.jump(60)
+        await core.fs.writes._wait_for_room()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "(49 times since" in said[1], said
