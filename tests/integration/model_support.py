@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
+from typing import Any
 from pathlib import Path
 
 PIECE = 16 * 1024          # writers write in pieces of this size; kill points fall between
@@ -272,6 +273,16 @@ class FileState:
     def attrs(self) -> tuple:
         """(mode, mtime, owner, xattrs): what an observation shows beside the bytes."""
         return (self.mode, self.mtime, self.owner, self.xattrs)
+
+
+@dataclass
+class HeldReader:
+    """A file a reader holds open in the test process (``reader_open``)."""
+    m: int                           # the mount
+    path: str                        # the name it was opened by
+    file: Any                        # the open file object
+    expected: bytes | None           # the version it opened (None: ``joined`` not closed)
+    joined: int | None = None        # the file id of the open writer it joined
 
 
 def parent_of(path: str) -> str:

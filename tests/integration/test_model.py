@@ -7,8 +7,9 @@ open across steps and SIGKILLed at a chosen point, daemon SIGKILL + restart, a f
 node replacing one, gc, pairs of operations racing on the two nodes, one node racing
 itself (renames over fresh targets and back, lstat after each), a byte rotting in a
 node's chunk cache, chmod, utime (an explicit mtime), chown and user.* setxattr/
-removexattr of closed files, and outages of the store both nodes share (refuse, 403,
-503, hang) with steps going on during them.  Every daemon runs under
+removexattr of closed files, readers held open across steps (also one that joined a
+save going through the kernel, while that file is saved again), and outages of the
+store both nodes share (refuse, 403, 503, hang) with steps going on during them.  Every daemon runs under
 a low descriptor limit.  After every step what each mount shows (listing + content and
 permission bits, owner and user.* extended attributes of every file, and its mtime
 where a utime set it and nothing wrote it since) must be a state the model allows:
@@ -26,6 +27,7 @@ where a utime set it and nothing wrote it since) must be a state the model allow
   extended attributes the last chown's and setxattr's -- kept by a save over it,
   carried by a rename;
 - the node that made a step shows it at once (POSIX on one node);
+- a reader held open reads the version it opened until it closes (DESIGN.md promise 2);
 - after racing operations, every node converges to the result of one of their two
   serial orders;
 - during a store outage an async node's steps all succeed on it, ``ckptfs wait`` does
@@ -74,7 +76,7 @@ from conftest import BUCKET, Mount, StoreSpec, run_ckptfs
 from support.logcheck import bad_records, daemon_logs
 from support.posix import fill_file_system
 from support.proxy import FaultProxy
-from model_support import (CREATE_MODE, NEW_FILE_OWNER, PIECE, BgWriter, Model,
+from model_support import (CREATE_MODE, NEW_FILE_OWNER, PIECE, BgWriter, HeldReader, Model,
                            Observation, describe, digest, matches, observe, parent_of,
                            same, save, version_bytes)
 
@@ -245,6 +247,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.closed: dict[str, str] = {}      # digest -> which version it is
         self.closed_list: list[tuple[str, bytes]] = []
         self.writers: dict[int, tuple[int, BgWriter]] = {}   # fid -> (mount, writer)
+        self.readers: list[HeldReader] = []
         self.vid = 0
         self.unsynced: set[int] = set()       # async: mounts with closes not yet waited for
         self.history: list[str] = []
@@ -309,6 +312,9 @@ class ModelMachine(RuleBasedStateMachine):
         that a step replaced), mounts, the fault proxy and the tmpfs state dirs."""
         for _, writer in self.writers.values():
             writer.kill()
+        for reader in self.readers:
+            reader.file.close()
+        self.readers = []
         self.faults.end()
         for mount in self.started:
             if mount.pid:
@@ -912,6 +918,18 @@ class ModelMachine(RuleBasedStateMachine):
         if self.fault is not None:
             self.fault_saved.setdefault(m, set()).add(fid)
         self.check(m)
+        joined = [r for r in self.readers if r.joined == fid]
+        for reader in joined:
+            reader.joined, reader.expected = None, content
+        if joined and not self.sync:
+            # The next save of the name beside a reader that joined this one through
+            # the kernel goes on once this version is in the store (else EBUSY,
+            # decision 0019): durable first; in an outage the readers finish now.
+            if self.fault is None:
+                self.sync_all()
+            else:
+                for reader in joined:
+                    self.finish_reader(reader)
 
     @precondition(lambda self: self.writers and "kill" not in SKIP)
     @rule(data=st.data())
@@ -924,11 +942,80 @@ class ModelMachine(RuleBasedStateMachine):
         self.note(f"{'AB'[m]}: writer of v{writer.vid} SIGKILLed after {writer.written} B")
         writer.kill()
         self.model.lose_writer(fid)
+        for reader in [r for r in self.readers if r.joined == fid]:
+            self.readers.remove(reader)    # it read a version that was never closed
+            reader.file.close()
         self.check(m)
+
+    # ------------------------------------------------------------------ rules: readers
+
+    @precondition(lambda self: len(self.readers) < 2 and self.fault is None
+                  and "readers" not in SKIP)
+    @rule(data=st.data(), m=st.integers(0, 1))
+    def reader_open(self, data, m):
+        """A reader opens a file and holds it across the next steps (a watcher loading
+        ``latest.pt`` while the trainer saves it again): until it closes it reads the
+        version it opened (DESIGN.md promise 2), whatever is saved over, renamed over or
+        removed meanwhile.  Opened while a writer on its node writes the file, it reads
+        that writer's version (through the kernel on node A: it joins the save's
+        staging file, decision 0019)."""
+        if not self.before_step(m):
+            return
+        joinable = [f for f, (wm, _) in self.writers.items() if wm == m]
+        paths = [p for p in self.model.file_paths()
+                 if self.model.fid_at(p) in joinable or
+                 (self.model.fid_at(p) not in self.writers and
+                  self.model.files[self.model.fid_at(p)].content is not None)]
+        path = self.pick(data, paths, "path")
+        if path is None:
+            return
+        fid = self.model.fid_at(path)
+        self.check(m)           # its node shows the model's version of it now
+        joined = fid if fid in joinable else None
+        self.note(f"{'AB'[m]}: reader opens {path}"
+                  f"{' while its writer writes' if joined else ''}")
+        handle = open(self.abs(m, path), "rb")
+        first = handle.read()
+        if joined is None and digest(first) not in self.closed:
+            handle.close()
+            self.fail(f"a reader of {path} on {'AB'[m]} read no version ever closed "
+                      f"({len(first)} B)")
+        self.readers.append(HeldReader(m, path, handle, None if joined else first, joined))
+
+    @precondition(lambda self: self.readers and self.fault is None)
+    @rule(data=st.data())
+    def reader_close(self, data):
+        reader = data.draw(st.sampled_from(self.readers), label="reader")
+        if reader.joined is not None:
+            return               # its writer is still open: its version is not closed
+        self.finish_reader(reader)
+
+    def finish_reader(self, reader: "HeldReader") -> None:
+        """Read the held file again from its start, then close it: the bytes of the
+        version it opened."""
+        self.readers.remove(reader)
+        self.note(f"{'AB'[reader.m]}: reader of {reader.path} reads it all again and "
+                  f"closes")
+        try:
+            reader.file.seek(0)
+            got = reader.file.read()
+        finally:
+            reader.file.close()
+        if got != reader.expected:
+            label = self.closed.get(digest(got), "no closed version")
+            want = self.closed.get(digest(reader.expected or b""), "?")
+            self.fail(f"a reader held open on {'AB'[reader.m]} read {reader.path} as "
+                      f"{label} ({len(got)} B), not the version it opened, {want}")
 
     # ------------------------------------------------------------------ rules: nodes
 
     def _kill_node(self, m: int) -> None:
+        for reader in [r for r in self.readers if r.m == m]:
+            self.readers.remove(reader)
+            try:
+                reader.file.close()
+            except OSError:
+                pass       # its daemon is gone (ENOTCONN): nothing to check
         self.mounts[m].kill()
         for fid, (wm, writer) in sorted(self.writers.items()):
             if wm == m:
@@ -994,7 +1081,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.mounts[m] = self._new_mount(m)
         self.check(m)
 
-    @precondition(lambda self: self.fault is None and not self.writers and "gc" not in SKIP)
+    @precondition(lambda self: self.fault is None and not self.writers and not self.readers
+                  and "gc" not in SKIP)
     @rule(m=st.integers(0, 1))
     def node_gc(self, m):
         """``ckptfs gc --grace 0`` with no writer open (a younger grace protects chunks of
