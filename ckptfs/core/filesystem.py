@@ -244,6 +244,8 @@ class Filesystem:
                       gid: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
                       fh: int | None = None) -> Inode:
+        if fh is None:
+            self.st.refuse_if_moved_away(ino)     # a path step through a kept dentry
         return self.opening.live_size(await self.attrs.setattr(
             ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns,
             mtime_ns=mtime_ns, fh=fh))

@@ -390,8 +390,8 @@ class Names:
     # ------------------------------------------------------------------ hard links
 
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Inode:
-        """A further name for a non-directory (decision 0008).  The first link moves
-        the content into a shared inode object; each name is a "link" entry to it."""
+        """A further name for a non-directory (decision 0008): the first link moves the
+        content into a shared inode object; each name is a "link" entry to it."""
         check_name_or_raise(new_name)
         inode = self.st.ns.get(ino)
         if inode.type == "dir":
@@ -403,7 +403,7 @@ class Names:
         async with rt.lock:
             inode = self.st.ns.get(ino)
             if not inode.parent:
-                raise FsError.enoent("the file was removed")
+                raise self.st.gone(ino, "the file was removed")
             if self.st.ns.lookup(new_parent, new_name) is not None:
                 raise FsError(errno.EEXIST)
             created: str | None = None

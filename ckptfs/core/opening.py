@@ -45,8 +45,6 @@ class Opening:
         self.readbehind = readbehind    # uploads a passthrough writer's complete chunks
         self._next_fh = 1
         self.page_versions: OrderedDict[int, object] = OrderedDict()
-        # Inodes whose name moved to a fresh one (``_fresh_inode_for_name``), bounded.
-        self.moved_away: OrderedDict[int, None] = OrderedDict()
 
     def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
         handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
@@ -74,6 +72,7 @@ class Opening:
     async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
         """A new handle, with the page-cache flags the kernel gets for it
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
+        self.st.refuse_if_moved_away(ino)   # a dentry the kernel kept: ESTALE
         if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
             await self._wait_for_passthrough_readers(ino)
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
@@ -100,16 +99,13 @@ class Opening:
         and opens the fresh one (``_fresh_inode_for_name``).  Until then it waits for
         those handles to go or the upload to land (PASSTHROUGH_DRAIN), then is refused
         with EBUSY."""
-        inode = self.st.ns.maybe_get(ino)
-        if inode is not None and not inode.parent and ino in self.moved_away:
-            # A lookup the kernel answered from its dentry cache before it was told.
-            raise FsError(errno.ESTALE, "the name has moved to a fresh inode")
         if not self._lingering_passthrough(self.st.runtime.get(ino)):
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._lingering_passthrough(self.st.runtime.get(ino)):
-                if self._fresh_inode_for_name(ino):
-                    raise FsError(errno.ESTALE, "the name has moved to a fresh inode")
+                # (moved by this writer, or by another one waiting beside it)
+                self._fresh_inode_for_name(ino)
+                self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
         if self._lingering_passthrough(self.st.runtime.get(ino)):
             inode = self.st.ns.maybe_get(ino)
@@ -126,7 +122,9 @@ class Opening:
         store changes nothing: its entry is the fresh inode's now); the old inode lives
         on, nameless, for the passthrough readers that hold it and goes with their
         release.  Only for a file that owes the store nothing and has one name: False
-        otherwise."""
+        otherwise.  The kernel finds the fresh inode: an open answers ESTALE, and steps
+        that reach the old one through a dentry it kept answer ESTALE too
+        (``CoreState.moved_away``)."""
         inode = self.st.ns.maybe_get(ino)
         rt = self.st.runtime.get(ino)
         if inode is None or inode.type != "file" or not inode.parent or \
@@ -144,9 +142,10 @@ class Opening:
                                  published=True, remote_etag=inode.remote_etag,
                                  mtime_ns=inode.mtime_ns, xattrs=dict(inode.xattrs),
                                  save_id=inode.save_id)
-        self.moved_away[ino] = None
-        while len(self.moved_away) > MOVED_AWAY_KEPT:
-            self.moved_away.popitem(last=False)
+        self.st.moved_away[ino] = None
+        while len(self.st.moved_away) > MOVED_AWAY_KEPT:
+            self.st.moved_away.popitem(last=False)
+        self.st.invalidate(ino)         # the reader's fstat: no name left
         log.info("%s: a reader still reads the version before through the kernel; the "
                  "name moves to a fresh inode for the next save",
                  name.decode(errors="replace"))

@@ -73,23 +73,32 @@ class Recovery:
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
-        self._drop_idle_nameless_dirs()
+        self._drop_idle_nameless()
         self.st._recovered.set()
 
-    def _drop_idle_nameless_dirs(self) -> None:
+    def _drop_idle_nameless(self) -> None:
         """A directory kept under no name for this node's work in it (another node moved
         it away, and this node never listed its new place: ``Refresh._forget_subtree``)
         is dropped from this node's metadata, with what is below it, once nothing there
         is owed to the store.  Nothing in the store changes: a listing of its new place
-        takes it again.  Before, such a directory stayed in the metadata for good."""
+        takes it again.  Before, such a directory stayed in the metadata for good.  So
+        does a file unlinked while open (or whose name moved to a fresh inode beside a
+        reader, ``Opening._fresh_inode_for_name``) when the daemon stopped before its
+        last release: its record and local copy stayed for good."""
         pending = set(self.st.ns.publish_pending())
         for inode in list(self.st.ns.all_inodes()):
-            if inode.type == "dir" and not inode.parent and inode.ino != ROOT_INO and \
-                    not self._owes(inode, pending):
+            if inode.parent or inode.ino == ROOT_INO or self._owes(inode, pending):
+                continue
+            if inode.type == "dir":
                 log.info("directory %s (inode %d), kept under no name for this node's "
                          "work in it, is done with: dropped from this node's metadata",
                          inode.dir_id, inode.ino)
                 self._drop_tree(inode)
+            elif not inode.link_id:
+                # A file unlinked (or moved to a fresh inode) while open, the daemon
+                # stopped before its last release: nothing can reach it any more.
+                log.debug("inode %d, under no name and owing nothing: dropped", inode.ino)
+                self.publisher._delete_inode(inode)
 
     def _owes(self, inode: Inode, pending: set[int]) -> bool:
         """Whether anything at or below ``inode`` still has work this node owes the

@@ -148,7 +148,7 @@ class Rename:
                 await locks.enter_async_context(self.st._rt(ino).lock)
             inode = self.st.ns.get(inode.ino)
             if not inode.parent or self.st.ns.lookup(old_parent, old_name) != inode.ino:
-                raise FsError.enoent("removed while renaming")
+                raise self.st.gone(inode.ino, "removed while renaming")
             if self.st.ns.lookup(new_parent, new_name) != target_ino:
                 raise TargetChanged()
             old_dir, new_dir = self.st.ns.get(old_parent), self.st._dir(new_parent)
@@ -341,7 +341,7 @@ class Rename:
             inode = self.st.ns.get(inode.ino)
             old = old or (inode.parent, inode.name)
             if not inode.parent or self.st.ns.lookup(*old) != inode.ino:
-                raise FsError.enoent("removed while renaming")
+                raise self.st.gone(inode.ino, "removed while renaming")
             old_dir = self.st.ns.get(old[0])
             old_key = entry_key(dir_id_of(old_dir), old[1])
             new_key = entry_key(dir_id_of(new_dir), new_name)

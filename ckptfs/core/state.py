@@ -10,6 +10,7 @@ import errno
 import logging
 import math
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -265,9 +266,26 @@ class CoreState:
         self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
+        # Inodes whose name moved to a fresh inode (``Opening._fresh_inode_for_name``),
+        # bounded (inode numbers are never reused): reached through a dentry the kernel
+        # kept, a step on one answers ESTALE and the kernel looks the name up again.
+        self.moved_away: OrderedDict[int, None] = OrderedDict()
         self.meta_limiter = trio.CapacityLimiter(16)
 
     # ------------------------------------------------------------------ helpers
+
+    def gone(self, ino: int, why: str) -> FsError:
+        """The error for a step whose inode lost its name meanwhile: ENOENT, or ESTALE
+        when the name moved to a fresh inode (the VFS's retry by name finds it)."""
+        if ino in self.moved_away:
+            return FsError(errno.ESTALE, f"{why}: the name has moved to a fresh inode")
+        return FsError.enoent(why)
+
+    def refuse_if_moved_away(self, ino: int) -> None:
+        """ESTALE for a step on an inode whose name moved to a fresh one (``moved_away``):
+        the VFS retries a path step once with LOOKUP_REVAL, which finds the fresh one."""
+        if ino in self.moved_away:
+            raise FsError(errno.ESTALE, "the name has moved to a fresh inode")
 
     async def follow_the_log(self, what: str) -> None:
         """Async mode: a step that acts on the store at once (a hard link, the rename of

@@ -229,9 +229,17 @@ class FuseOps(pyfuse3.Operations):
 
     @_errors
     async def readdir(self, fh, start_id, token):
-        entries = self._dirs.get(fh, (0, []))[1]
+        dir_ino, entries = self._dirs.get(fh, (0, []))
         for index in range(start_id, len(entries)):
             name, inode = entries[index]
+            if name not in (b".", b"..") and (dir_ino, name) not in inode.names:
+                # Renamed, removed or moved to a fresh inode since the opendir: the
+                # kernel takes the name with these attributes (readdirplus), so never
+                # an inode that no longer holds it.
+                try:
+                    inode = await self.fs.lookup(dir_ino, name)
+                except FsError:
+                    continue
             if not pyfuse3.readdir_reply(token, name, self._attrs(inode), index + 1):
                 break
 

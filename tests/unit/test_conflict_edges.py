@@ -8,64 +8,21 @@ restart).  The failing ones failed before their fix."""
 
 from __future__ import annotations
 
-import errno
-import os
-
 import pytest
 import trio
 
 from ckptfs.core import Config
-from ckptfs.errors import FsError
 from ckptfs.format.remote import CHUNKS_PREFIX
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
-from support.core import Core, reached, two_cores
+from support.core import Core, reached
+from test_late_rename_over_a_newer_save import (A_DATA, B_DATA, both_know, contents, nodes,
+                                                save_over)
+from test_lost_reply_entries import lose_answers_then_refuse
 
 pytestmark = pytest.mark.trio
 
-A_DATA = b"A's renamed file " * 300
-B_DATA = b"B's newer save " * 200
 ENTRY = "dirs/root/"
-
-
-async def save_over(node: Core, ino: int, data: bytes) -> None:
-    handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
-    await node.fs.write(handle.fh, 0, data)
-    await node.fs.flush(handle.fh)
-    await node.fs.release(handle.fh)
-
-
-async def contents(node: Core) -> dict[str, bytes]:
-    """Every file in the root as ``node`` lists it afresh."""
-    await node.fs.refresh_dir(ROOT_INO, force=True)
-    out = {}
-    for name in await node.names():
-        ino = await node.resolve(name)
-        try:
-            out[name] = await node.load(ino)
-        except FsError as exc:
-            if exc.errno != errno.EISDIR:
-                raise
-            out[name] = "<dir>"
-    return out
-
-
-def lose_answers_then_refuse(store: MemoryStore, key: str):
-    """Every write of ``key`` from now on fails; the first one lands before it does
-    (as in test_lost_reply_entries.py)."""
-    landed: list[str] = []
-
-    def after(call) -> None:
-        if call.error is None:
-            landed.append(call.op)
-        raise TransientStoreError("connection reset (answer lost)")
-
-    def before(call) -> None:
-        if landed:
-            raise TransientStoreError("connection refused")
-    hooks = [store.after(after, op, prefix=key, times=1) for op in ("put", "put_if_absent")]
-    hooks += [store.before(before, op, prefix=key) for op in ("put", "put_if_absent")]
-    return landed, hooks
 
 
 async def until(predicate, seconds: float = 20.0) -> None:
@@ -75,17 +32,15 @@ async def until(predicate, seconds: float = 20.0) -> None:
 
 
 # --------------------------------------------------------------------------- unanswered PUTs
-# (A regression of the first version of the fix, on one node.) the target's publish PUT landed with its answer
-# lost (unsure note), the rename over it hands the note to the renamed inode, and a
+# (A regression of the first version of the fix, on one node.)  The target's publish PUT
+# landed with its answer lost (unsure note), the rename over it hands the note to the renamed inode, and a
 # later rename of the file on (dst -> final) takes that note into its own record.  When
 # the first move is applied, ``expect`` no longer knows the landed entry: NameTaken, the
 # file goes to a transit conflict name, and ``dst`` keeps the replaced file's entry.
 
 @pytest.mark.parametrize("which", ["first_version", "second_version"])
 async def test_a_rename_chain_over_a_target_whose_put_answer_was_lost(tmp_path, which):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
+    async with nodes(tmp_path) as (a, b, store):
         await a.save(ROOT_INO, b"tmp", A_DATA)
         if which == "second_version":
             dst = await a.save(ROOT_INO, b"dst", b"v1 of dst, published")
@@ -118,9 +73,7 @@ async def test_a_rename_chain_over_a_target_whose_put_answer_was_lost(tmp_path, 
 # beside the directory as ``n.ckptfs-conflict-<node>``.
 
 async def test_a_directory_moved_onto_a_name_this_node_saved_keeps_the_save(tmp_path):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
+    async with nodes(tmp_path) as (a, b, store):
         await b.fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
         await b.fs.wait_idle()
         await a.fs.refresh_dir(ROOT_INO, force=True)
@@ -151,13 +104,8 @@ async def test_a_directory_moved_onto_a_name_this_node_saved_keeps_the_save(tmp_
 
 async def test_a_late_rename_with_a_chmod_pending_shows_the_conflict_name_on_its_node(
         tmp_path):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
-        await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b)
         # The log is held back (the move's claim refused) while A chmods and B saves.
         held = store.fail("put", TransientStoreError("refused"), prefix=ENTRY + "tmp",
                           times=-1)
@@ -180,9 +128,7 @@ async def test_a_late_rename_with_a_chmod_pending_shows_the_conflict_name_on_its
 async def test_holds_two_node_ordinary_late_rename_over_a_name_the_other_node_saved(
         tmp_path):
     """B saves dst, A lists it, A's rename tmp -> dst lands late: no conflict name."""
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
+    async with nodes(tmp_path) as (a, b, store):
         await b.save(ROOT_INO, b"dst", B_DATA)
         await b.fs.wait_idle()
         await a.save(ROOT_INO, b"tmp", A_DATA)
@@ -203,9 +149,7 @@ async def test_holds_two_node_ordinary_late_rename_over_a_name_the_other_node_sa
 
 @pytest.mark.parametrize("target", ["queued", "in_flight"])
 async def test_holds_rename_over_this_nodes_own_save_being_published(tmp_path, target):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
+    async with nodes(tmp_path) as (a, b, store):
         await a.save(ROOT_INO, b"tmp", A_DATA)
         await a.fs.wait_idle()
         if target == "queued":
@@ -265,9 +209,7 @@ async def test_holds_a_late_rename_replayed_after_a_restart(tmp_path):
 
 async def test_holds_a_directory_moved_over_a_directory_holding_this_nodes_save(
         tmp_path):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
+    async with nodes(tmp_path) as (a, b, store):
         await b.fs.mkdir(ROOT_INO, b"d", 0o755, 0, 0)
         await b.fs.mkdir(ROOT_INO, b"n", 0o755, 0, 0)
         await b.fs.wait_idle()

@@ -14,6 +14,9 @@ name: ``final`` holds A's file and ``dst`` B's save.
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -36,10 +39,51 @@ async def save_over(node: Core, ino: int, data: bytes) -> None:
     await node.fs.release(handle.fh)
 
 
-async def contents(node: Core) -> dict[str, bytes]:
-    """Every file in the root as ``node`` lists it afresh."""
+async def contents(node: Core) -> dict[str, bytes | str]:
+    """Every name in the root as ``node`` lists it afresh: a file's bytes, or
+    ``"<dir>"``."""
     await node.fs.refresh_dir(ROOT_INO, force=True)
-    return {name: await node.load(await node.resolve(name)) for name in await node.names()}
+    out: dict[str, bytes | str] = {}
+    for name in await node.names():
+        ino = await node.resolve(name)
+        out[name] = "<dir>" if node.fs.getattr(ino).type == "dir" else await node.load(ino)
+    return out
+
+
+@asynccontextmanager
+async def nodes(tmp_path) -> AsyncIterator[tuple[Core, Core, MemoryStore]]:
+    """Two async nodes over one in-memory store; their listings wait for a refresh."""
+    store = MemoryStore()
+    config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        yield a, b, store
+
+
+async def both_know(a: Core, b: Core, dst: bool = True) -> None:
+    """A saves ``tmp`` (and ``dst``); both nodes know them."""
+    await a.save(ROOT_INO, b"tmp", A_DATA)
+    if dst:
+        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+    await a.fs.wait_idle()
+    await b.fs.refresh_dir(ROOT_INO, force=True)
+
+
+async def late_rename(a: Core, store: MemoryStore) -> Any:
+    """A renames ``tmp`` to ``dst`` (acknowledged); its move waits at the claim: the
+    gate to release."""
+    claim = store.gate("put", prefix="dirs/root/tmp")
+    await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+    await reached(claim)
+    return claim
+
+
+async def settle(a: Core, b: Core, claim: Any) -> None:
+    """B's steps land, then A's move goes on."""
+    with trio.fail_after(30):
+        await b.fs.wait_idle()
+    claim.release()
+    with trio.fail_after(60):
+        await a.fs.wait_idle()
 
 
 @pytest.mark.parametrize("target", ["replaced", "new"])
@@ -47,26 +91,14 @@ async def test_a_late_rename_leaves_another_nodes_newer_save_and_keeps_its_own_f
         tmp_path, target: str):
     """``replaced``: A's rename replaced the ``dst`` both nodes knew, and B saved over
     it.  ``new``: ``dst`` did not exist when A renamed, and B then made it."""
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        if target == "replaced":
-            await a.save(ROOT_INO, b"dst", b"the version both nodes know")
-        await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)   # acknowledged
-        await reached(claim)                                         # its move waits
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b, dst=target == "replaced")
+        claim = await late_rename(a, store)
         if target == "replaced":
             await save_over(b, await b.resolve("dst"), B_DATA)
         else:
             await b.save(ROOT_INO, b"dst", B_DATA)
-        with trio.fail_after(30):
-            await b.fs.wait_idle()
-        claim.release()
-        with trio.fail_after(60):
-            await a.fs.wait_idle()
+        await settle(a, b, claim)
         for node in (a, b):
             seen = await contents(node)
             assert seen.get("dst") == B_DATA, "the late rename wrote over B's save"
@@ -76,23 +108,12 @@ async def test_a_late_rename_leaves_another_nodes_newer_save_and_keeps_its_own_f
 
 
 async def test_a_late_rename_renamed_on_since_ends_where_its_node_put_it(tmp_path):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
-        await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b)
+        claim = await late_rename(a, store)
         await a.fs.rename(ROOT_INO, b"dst", ROOT_INO, b"final", 0)
         await save_over(b, await b.resolve("dst"), B_DATA)
-        with trio.fail_after(30):
-            await b.fs.wait_idle()
-        claim.release()
-        with trio.fail_after(60):
-            await a.fs.wait_idle()
+        await settle(a, b, claim)
         for node in (a, b):
             assert await contents(node) == {"dst": B_DATA, "final": A_DATA}
 
@@ -100,15 +121,10 @@ async def test_a_late_rename_renamed_on_since_ends_where_its_node_put_it(tmp_pat
 async def test_a_late_rename_over_its_own_nodes_newer_save_is_no_conflict(tmp_path):
     """A saves the renamed file again before the move lands (its publish goes to the
     new name first): the move finds its own node's save there, not another's."""
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        ino = await a.save(ROOT_INO, b"tmp", A_DATA)
-        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
-        await a.fs.wait_idle()
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b)
+        ino = await a.resolve("tmp")
+        claim = await late_rename(a, store)
         await save_over(a, ino, B_DATA)
         await trio.sleep(0.5)
         claim.release()
@@ -123,24 +139,13 @@ async def test_a_late_rename_renamed_away_and_back_keeps_its_file_beside_the_new
     """``tmp -> dst``, ``dst -> x``, ``x -> dst`` on A while its first move waits; B saves
     ``dst`` meanwhile.  The last rename meets B's save too: A's file is kept under one
     conflict name, the same on both nodes, and B's save stays."""
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
-        await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b)
+        claim = await late_rename(a, store)
         await a.fs.rename(ROOT_INO, b"dst", ROOT_INO, b"x", 0)
         await a.fs.rename(ROOT_INO, b"x", ROOT_INO, b"dst", 0)
         await save_over(b, await b.resolve("dst"), B_DATA)
-        with trio.fail_after(30):
-            await b.fs.wait_idle()
-        claim.release()
-        with trio.fail_after(60):
-            await a.fs.wait_idle()
+        await settle(a, b, claim)
         seen = [await contents(node) for node in (a, b)]
         assert seen[0] == seen[1]
         assert seen[0].pop("dst") == B_DATA
@@ -149,22 +154,13 @@ async def test_a_late_rename_renamed_away_and_back_keeps_its_file_beside_the_new
 
 
 async def test_a_late_rename_whose_conflict_name_is_taken_too_takes_the_next(tmp_path):
-    store = MemoryStore()
-    config = Config(durability="async", metadata_ttl=3600.0)
-    async with two_cores(tmp_path, store, config) as (a, b):
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        await a.fs.wait_idle()
+    async with nodes(tmp_path) as (a, b, store):
+        await both_know(a, b, dst=False)
         taken = b"dst.ckptfs-conflict-" + a.fs.st.leases.node_id.encode()[:12]
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
+        claim = await late_rename(a, store)
         await b.save(ROOT_INO, b"dst", B_DATA)
         await b.save(ROOT_INO, taken, b"a name of B's")
-        with trio.fail_after(30):
-            await b.fs.wait_idle()
-        claim.release()
-        with trio.fail_after(60):
-            await a.fs.wait_idle()
+        await settle(a, b, claim)
         for node in (a, b):
             assert await contents(node) == {"dst": B_DATA, taken.decode(): b"a name of B's",
                                             taken.decode() + "-2": A_DATA}
