@@ -9,6 +9,7 @@ Knows the namespace and the log line; nothing of the store, publishing or FUSE.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ..meta.namespace import Inode
 from .state import CoreState
@@ -17,7 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class NameTaken(Exception):
-    """The name holds another node's object this one must not join or write over."""
+    """The name holds another node's object this one must not join or write over;
+    ``link``: the shared inode object a link entry there names (a save may write that
+    file through the name, as on the node that linked it)."""
+
+    def __init__(self, why: str, link: str | None = None,
+                 found: tuple[Any, str] | None = None) -> None:
+        super().__init__(why)
+        self.link = link
+        self.found = found      # (entry, ETag) found there, where the step read it
 
 
 # A conflict name the store refuses too (another node's object there, unknown here):

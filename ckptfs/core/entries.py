@@ -189,7 +189,8 @@ class EntryIO:
         except BadEntry:
             return etag         # written over, as an unconditional save did
         if entry.type != "file":
-            raise NameTaken(f"another node made {key} a {entry.type}")
+            raise NameTaken(f"another node made {key} a {entry.type}",
+                            link=entry.link if entry.type == "link" else None)
         take_attributes(inode, entry, mtime=False)
         return etag
 

@@ -227,8 +227,15 @@ class MetaLogApply:
                     seals = await self._move_locked(inode, old_key, new_key, seals,
                                                     replaced, expect)
                 except NameTaken as exc:
-                    self._move_to_conflict(seq, record, inode, str(exc))
-                    raise Blocked(f"renamed after a conflict: {exc}") from None
+                    later_moves = any(r.get("kind") == "move" and r.get("ino") == ino
+                                      for s, r in self.st.oplog.pending.items() if s > seq)
+                    # (a conflict name taken too: the next one, never "saved over")
+                    if exc.found is None or exc.found[0].type != "file" or later_moves \
+                            or record.get("conflict"):
+                        self._move_to_conflict(seq, record, inode, str(exc))
+                        raise Blocked(f"renamed after a conflict: {exc}") from None
+                    await self._saved_over_after_the_rename(record, inode, old_key,
+                                                            *exc.found)
         self.st._drop_rt(ino)
         if seals:
             self.seals._sealed(inode)
@@ -268,13 +275,30 @@ class MetaLogApply:
         self.st.ns.save(inode)
         return seals
 
+    async def _saved_over_after_the_rename(self, record: dict, inode: Inode, old_key: str,
+                                           entry: Entry, etag: str) -> None:
+        """Another node saved the name this file was renamed to after the rename was
+        made here: the serial order is this rename, then that save over the name (its
+        writer was told it is saved after this rename was).  So the name keeps that
+        save, the old name goes, and this node's inode is the file the save wrote (its
+        newer version: a version closed here since stays the newer one, decision 0005).
+        As a late removal leaves a newer save (stop 41), a late rename never writes over
+        one."""
+        await self.entries._delete_if_same(old_key, record.get("ident"),
+                                           *record.get("unsure", ()))
+        self.entries._adopt_newer(inode, entry, etag)
+        self.st.ns.save(inode)
+        log.info("%s: another node saved it after this node's rename to it; that save "
+                 "stays, as a save after the rename", self.st._path_for_log(inode))
+
     def _move_to_conflict(self, seq: int, record: dict, inode: Inode, why: str) -> None:
-        """Another node saved the name this file was renamed to after the rename: that
-        save stays, and the moved file goes to ``NAME.ckptfs-conflict-<node>`` instead
-        (decision 0016: a conflict never deletes) -- on this node too, while the file is
-        still under that name here.  Renamed on here since, the conflict name is only
-        where the store keeps it until the later records move it on from there: they
-        are changed to move it from that name."""
+        """Another node made the name this file was renamed to something else after the
+        rename (a directory, a symlink, a link: no serial order has both): that stays,
+        and the moved file goes to ``NAME.ckptfs-conflict-<node>`` instead (decision
+        0016: a conflict never deletes) -- on this node too.  Renamed on here since
+        (also past another node's save there), the conflict name is only where the store
+        keeps it until the later records move it on from there: they are changed to
+        move it from that name."""
         to_id, to_name = self.st.oplog.resolve(record["to_id"]), record["to_name"]
         parent = self.st.ns.maybe_get(inode.parent) if inode.parent else None
         later = {s: r for s, r in self.st.oplog.pending.items()

@@ -188,7 +188,7 @@ class EntryMoves:
             own = self.entries._identity(inode)["ident"]
             if not same_object(entry, expect | {own}):
                 raise NameTaken(f"another node saved {new_key} after this node's rename "
-                                f"to it")
+                                f"to it", found=(entry, etag))
         if entry.type == "dir" and entry.id and entry.id != inode.dir_id:
             if not await self.removals.remove_dir(new_key, entry_identity(entry)):
                 raise FsError(errno.ENOTEMPTY, f"{new_key}: another node wrote into it")

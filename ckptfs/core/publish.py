@@ -16,7 +16,8 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
-from ..store import StoreError
+from ..format.remote import inode_key
+from ..store import NotFound, StoreError
 from . import unsure
 from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name
 from .critical import no_await
@@ -321,6 +322,9 @@ class Publish:
                 return
             except NameTaken as exc:
                 unsure.answered(inode, noted[0])        # refused there: not in the store
+                if exc.link and not inode.link_id and await self._save_through_link(
+                        inode, exc.link):
+                    return
                 if tried == CONFLICT_NAMES:
                     raise FsError(errno.EIO, f"{exc}; no free conflict name") from None
                 # (a name the store refused stays this inode's here: the next is after it)
@@ -330,6 +334,23 @@ class Publish:
                 if not inode.link_id:
                     unsure.note(self.st.ns, inode, *noted)
                 self.st.ns.save(inode)
+
+    async def _save_through_link(self, inode: Inode, link_id: str) -> bool:
+        """Another node made this file's name a hard link meanwhile (it was not known
+        here when the file was opened): the save is a save of the linked file, as it
+        would be on that node -- its content goes into the shared inode object (a
+        compare-and-swap; its link count stays), and the inode is that file here.
+        False where the object is gone (the name is kept under a conflict name then)."""
+        try:
+            await self.entries._store(self.st.store.get, inode_key(link_id))
+        except NotFound:
+            return False
+        self.st.ns.set_link_id(inode, link_id)
+        inode.published, inode.remote_etag, inode.links_pending = True, None, False
+        await self.entries._put_entry(inode)
+        log.info("%s: another node made the name a hard link meanwhile; this save "
+                 "wrote the linked file", self.st._path_for_log(inode))
+        return True
 
     @no_await
     def _land(self, inode: Inode, rt: Runtime, ver: int, size: int) -> bool:
