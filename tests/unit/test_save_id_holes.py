@@ -29,6 +29,15 @@ def run(tmp_path, body, **config) -> None:
     trio.run(main)
 
 
+async def close_after_writing(node, handle, data: bytes) -> None:
+    """The writer that was open across the other node's steps writes and closes."""
+    await node.fs.write(handle.fh, 0, data)
+    await node.fs.flush(handle.fh)
+    await node.fs.release(handle.fh)
+    with trio.fail_after(30):
+        await node.fs.wait_idle()
+
+
 def test_a_late_removal_of_a_mknod_file_leaves_another_nodes_empty_save(tmp_path):
     """``mknod(S_IFREG)`` publishes an empty file at once -- with no save id.  Another
     node saves the name again, empty (``touch``-style marker rewritten, ``: > f0``),
@@ -206,11 +215,7 @@ def test_a_publish_over_a_name_another_node_made_a_directory_keeps_both(tmp_path
         await b.save(d.ino, b"inside", b"B's data")
         with trio.fail_after(30):
             await b.fs.wait_idle()
-        await a.fs.write(handle.fh, 0, b"v2")
-        await a.fs.flush(handle.fh)
-        await a.fs.release(handle.fh)
-        with trio.fail_after(30):
-            await a.fs.wait_idle()
+        await close_after_writing(a, handle, b"v2")
         from ckptfs.format.remote import Entry
         entry = Entry.from_json(bytes(store.get("dirs/root/f0")[0]))
         assert entry.type == "dir", "A's publish wrote over B's directory"
@@ -243,11 +248,7 @@ def test_a_publish_whose_conflict_name_is_taken_too_takes_the_next_free_one(tmp_
         await b.fs.mkdir(ROOT_INO, taken, 0o755, 0, 0)
         with trio.fail_after(30):
             await b.fs.wait_idle()
-        await a.fs.write(handle.fh, 0, b"v2")
-        await a.fs.flush(handle.fh)
-        await a.fs.release(handle.fh)
-        with trio.fail_after(30):
-            await a.fs.wait_idle()
+        await close_after_writing(a, handle, b"v2")
         from ckptfs.format.remote import Entry
         for name in (b"f0", taken):
             entry = Entry.from_json(bytes(store.get("dirs/root/" + name.decode())[0]))
