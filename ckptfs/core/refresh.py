@@ -44,7 +44,9 @@ class Refresh:
         self._refreshing: dict[int, trio.Event] = {}
         self._refresh_failed: dict[int, FsError] = {}
         self._refresh_started: dict[int, float] = {}
-        self._serving_stale = False
+        # Directories answered from this node's metadata while their listing is slow:
+        # said when the first one starts, not again until none is left (one outage).
+        self._serving_stale: set[int] = set()
         self._corrupt: dict[int, set[bytes]] = {}   # names whose store entry is corrupt
 
     # ------------------------------------------------------------------ remote listing
@@ -91,7 +93,7 @@ class Refresh:
         if not self._serving_stale:
             log.warning("the store is slow to list %s: answering from this node's metadata "
                         "(said once)", self.st._path_for_log(inode))
-        self._serving_stale = True
+        self._serving_stale.add(ino)
 
     async def _refresh_in_background(self, ino: int, event: trio.Event) -> None:
         try:
@@ -99,7 +101,7 @@ class Refresh:
             if inode is not None and inode.type == "dir":
                 await self._refresh_dir(inode)
             self._refresh_failed.pop(ino, None)
-            self._serving_stale = False
+            self._serving_stale.discard(ino)
         except FsError as exc:
             if ino not in self._refresh_failed:   # once per outage, not every TTL
                 log.warning("listing directory inode %d failed: %s", ino, exc)
