@@ -268,12 +268,14 @@ class Refresh:
         """Names gone from the store that this node has no work for (no await).  An
         inode this node published since the listing began (its ETag changed) is not
         gone: its entry landed after the LIST (a first publish writes a hard-linked
-        inode's names one by one, under its lock, and the listing may apply after)."""
+        inode's names one by one, under its lock, and the listing may apply after).
+        A reader is no work: the name goes, the reader keeps its version on the
+        nameless inode, which goes with its close (an unlinked open file)."""
         for name, ino in local.items():
             if name in remote:
                 continue
             inode = self.st.ns.get(ino)
-            if inode.published and not inode.dirty and not self.st._is_open(ino) \
+            if inode.published and not inode.dirty and not self.st._writers(ino) \
                     and ino not in self.st.queue.queued and not self.st._locked(ino) \
                     and inode.remote_etag == etags_before.get(ino, inode.remote_etag):
                 self._forget_subtree(inode, dir_inode.ino, name)
@@ -343,13 +345,13 @@ class Refresh:
                         name: bytes | None = None, top: bool = True) -> None:
         """Drop a name that vanished from the store (another node removed it); by
         default the inode's first name.  What this node still has work for (dirty,
-        open, queued, locked) stays, and so do the directories leading to it: another
+        open for writing, queued, locked) stays, and so do the directories leading to it: another
         node may have *moved* the directory, and the listing of its new place takes it
         back whole (``_move_here``).  A hard-linked inode stays while it has a name."""
         if inode.type == "dir":
             for child_name, child in self.st.ns.children(inode.ino):
                 child_inode = self.st.ns.get(child)
-                if child_inode.dirty or self.st._is_open(child) or child in self.st.queue.queued:
+                if child_inode.dirty or self.st._writers(child) or child in self.st.queue.queued:
                     continue
                 self._forget_subtree(child_inode, inode.ino, child_name, top=False)
             if not top and self.st.ns.has_children(inode.ino):
