@@ -227,10 +227,9 @@ class MetaLogApply:
                     seals = await self._move_locked(inode, old_key, new_key, seals,
                                                     replaced, expect)
                 except NameTaken as exc:
-                    later_moves = any(r.get("kind") == "move" and r.get("ino") == ino
-                                      for s, r in self.st.oplog.pending.items() if s > seq)
                     # (a conflict name taken too: the next one, never "saved over")
-                    if exc.found is None or exc.found[0].type != "file" or later_moves \
+                    if exc.found is None or exc.found[0].type != "file" \
+                            or self._moved_on_since(seq, ino) \
                             or record.get("conflict"):
                         self._move_to_conflict(seq, record, inode, str(exc))
                         raise Blocked(f"renamed after a conflict: {exc}") from None
@@ -301,11 +300,8 @@ class MetaLogApply:
         move it from that name."""
         to_id, to_name = self.st.oplog.resolve(record["to_id"]), record["to_name"]
         parent = self.st.ns.maybe_get(inode.parent) if inode.parent else None
-        later = {s: r for s, r in self.st.oplog.pending.items()
-                 if s > seq and r.get("ino") == inode.ino}
         here = parent is not None and dir_id_of(parent) == to_id and \
-            inode.name == bytes.fromhex(to_name) and \
-            not any(r.get("kind") == "move" for r in later.values())
+            inode.name == bytes.fromhex(to_name) and not self._moved_on_since(seq, inode.ino)
         with self.st.ns.batch():     # the name here and the records: one commit
             name, tried = self._next_conflict_name(record, "to_name",
                                                    inode if here else None, why, "file")
@@ -313,6 +309,11 @@ class MetaLogApply:
             records_follow(self.st, inode.ino, to_id, bytes.fromhex(to_name), name, seq)
             self.st.oplog.update(seq, {**record, "to_name": name.hex(), "replaced": None,
                                        "target_unsure": [], **tried, "retry_now": True})
+
+    def _moved_on_since(self, seq: int, ino: int) -> bool:
+        """A later record of the log, not done yet, moves this inode on."""
+        return any(r.get("kind") == "move" and r.get("ino") == ino
+                   for s, r in self.st.oplog.pending.items() if s > seq)
 
     @staticmethod
     def _removed_since(inode: Inode | None) -> bool:

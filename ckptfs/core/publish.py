@@ -16,7 +16,7 @@ from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import holds_for_writing
 from ..data.upload import chunk_list, drop_staged_pages
-from ..format.remote import inode_key
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, inode_key
 from ..store import NotFound, StoreError
 from . import unsure
 from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name
@@ -341,12 +341,18 @@ class Publish:
         would be on that node -- its content goes into the shared inode object (a
         compare-and-swap; its link count stays), and the inode is that file here.
         False where the object is gone (the name is kept under a conflict name then)."""
+        key = inode_key(link_id)
         try:
-            await self.entries._store(self.st.store.get, inode_key(link_id))
+            body, etag = await self.entries._store(self.st.store.get, key)
         except NotFound:
             return False
+        try:
+            obj = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise FsError(errno.EIO, f"corrupt inode object {key}: {exc}") from None
         self.st.ns.set_link_id(inode, link_id)
         inode.published, inode.remote_etag, inode.links_pending = True, None, False
+        self.entries._adopt_newer(inode, obj, etag)   # the compare-and-swap is on it
         await self.entries._put_entry(inode)
         log.info("%s: another node made the name a hard link meanwhile; this save "
                  "wrote the linked file", self.st._path_for_log(inode))

@@ -5,7 +5,9 @@ the reader reads, readers opening the name in a loop across the moves."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import threading
 
@@ -189,3 +191,37 @@ def test_readers_hammering_the_name_across_the_moves(local_store, make_mount):
             t.join()
     assert (errors, writer_errors) == ([], []), (sorted(set(errors)), len(errors),
                                                  writer_errors)
+
+
+def test_a_daemon_killed_after_the_move_keeps_the_new_save_and_drops_the_old_inode(
+        local_store, make_mount, tmp_path):
+    """SIGKILL after the name moved and the next save closed (the store refusing its
+    upload), the reader still holding the old inode: started again on its state, the
+    name holds the new save (its writer was told it is saved), the save reaches the
+    store, and the old, nameless inode's staging file is gone (recovery drops a
+    nameless file that owes nothing)."""
+    control = tmp_path / "faults-kill.json"
+    control.write_text(json.dumps({"rules": []}))
+    node = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    _kernel_path(node)
+    path, reader = _lingering_reader(node)
+    old_ino = os.fstat(reader.fileno()).st_ino
+    try:
+        control.write_text(json.dumps({"rules": [{"op": "put", "kind": "transient"}]}))
+        with open(path, "wb") as writer:
+            writer.write(b"c" * MiB)
+        assert os.stat(path).st_ino != old_ino
+        assert run_ckptfs("wait", str(node.path), "--timeout", "2").returncode != 0
+        node.kill()
+    finally:
+        with contextlib.suppress(OSError):   # ENOTCONN: its flush meets the dead mount
+            reader.close()
+    control.write_text(json.dumps({"rules": []}))
+    node.start(durability="async")
+    assert path.read_bytes() == b"c" * MiB
+    run_ckptfs("wait", str(node.path), check=True, timeout=120)
+    staging = node.state_dir / "staging"
+    assert not [p for p in os.listdir(staging) if p.split(".")[0] == str(old_ino)], \
+        sorted(os.listdir(staging))
+    other = make_mount(local_store, name="fresh")
+    assert (other.path / "latest.pt").read_bytes() == b"c" * MiB

@@ -251,12 +251,14 @@ def test_a_late_removal_leaves_another_nodes_save_of_the_same_bytes(store, make_
 
 
 @pytest.mark.expect_log_errors(*OUTAGE_ERRORS)
-def test_a_late_rename_leaves_another_nodes_newer_save(store, make_mount, tmp_path):
+@pytest.mark.parametrize("crash", [False, True], ids=["", "A SIGKILLed meanwhile"])
+def test_a_late_rename_leaves_another_nodes_newer_save(store, make_mount, tmp_path, crash):
     """Node A (async) renames ``run/tmp`` over ``run/model.bin`` while the store refuses
     its writes; node B then saves ``run/model.bin`` and is told it is saved.  When A's
     rename reaches the store, B's save stays under the name and ``tmp`` is gone -- the
     serial order "A renames, then B saves over the name" -- on A, on B, on a fresh node
-    (decision 0016; before, the late move wrote over B's save)."""
+    (decision 0016; before, the late move wrote over B's save).  Also when A's daemon
+    is SIGKILLed with the move pending and started again on its state."""
     control = tmp_path / "faults-a.json"
     control.write_text(json.dumps({"rules": []}))
     a = make_mount(store, name="a", durability="async", faults={"control_file": str(control)})
@@ -272,7 +274,11 @@ def test_a_late_rename_leaves_another_nodes_newer_save(store, make_mount, tmp_pa
         "A said its rename was in the store while the store refused it"
     (b.path / "run" / "model.bin").write_bytes(b"B's newer save")
     run_ckptfs("wait", str(b.path), check=True, timeout=120)
+    if crash:
+        a.kill()
     control.write_text(json.dumps({"rules": []}))
+    if crash:
+        a.start(durability="async")
     run_ckptfs("wait", str(a.path), check=True, timeout=120)
 
     def shows_b(node) -> bool:

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from ckptfs.core import Config
+from ckptfs.format.remote import INODES_PREFIX
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
 from support.core import WRITE_NEW, two_cores
@@ -35,10 +36,14 @@ def test_a_save_of_a_name_another_node_just_linked_writes_the_linked_file(tmp_pa
             await b.fs.write(handle.fh, 0, b"B's save")
             await a.fs.link(old, ROOT_INO, b"f1")          # first: B's save succeeds
             await a.fs.wait_idle()
+            before = len(store.calls)
             await b.fs.flush(handle.fh)
             await b.fs.release(handle.fh)
             with trio.fail_after(30):
                 await b.fs.wait_idle()
+            object_reads = [c for c in store.calls[before:]
+                            if c.op == "get" and c.key.startswith(INODES_PREFIX)]
+            assert len(object_reads) == 1, "the publish reads the inode object once"
             for node in (a, b):
                 seen: dict[str, bytes] = {}
                 for _ in range(50):
