@@ -119,3 +119,29 @@ def test_a_file_held_open_follows_its_directory_renamed_by_another_node(
         assert eventually(lambda: (m.path / "d1" / "f2").exists()), m.path
         assert (m.path / "d1" / "f2").read_bytes() == part + part
         assert sorted(os.listdir(m.path)) == ["d1"]
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_reader_on_one_node_does_not_keep_a_name_another_node_moved(
+        durability, local_store, make_mount):
+    """A reads ``f1`` and keeps it open; B renames it into ``d0``.  A shows ``d0/f1``
+    and no ``f1`` while its reader is still open, and the reader reads the bytes it
+    opened to the end (soak seed 1215394: A showed ``f1`` until the reader closed)."""
+    a = make_mount(local_store, name="a", durability=durability,
+                   extra=("--metadata-ttl", "0.2"))
+    b = make_mount(local_store, name="b", durability=durability,
+                   extra=("--metadata-ttl", "0.2"))
+    data = os.urandom(3 * MiB)
+    (a.path / "d0").mkdir()
+    (a.path / "f1").write_bytes(data)
+    if durability == "async":
+        run_ckptfs("wait", str(a.path), check=True, timeout=60)
+    assert eventually(lambda: (b.path / "f1").exists())
+    with open(a.path / "f1", "rb", buffering=0) as reader:
+        head = reader.read(MiB)
+        os.rename(b.path / "f1", b.path / "d0" / "f1")
+        if durability == "async":
+            run_ckptfs("wait", str(b.path), check=True, timeout=60)
+        assert eventually(lambda: sorted(os.listdir(a.path)) == ["d0"]), os.listdir(a.path)
+        assert (a.path / "d0" / "f1").read_bytes() == data
+        assert head + reader.read() == data
