@@ -1,8 +1,10 @@
 """A model test of two nodes at core level: two ``Filesystem`` instances over ONE
 in-memory store (each its own namespace, staging and cache), driven by random programs
-of saves, overwrites, renames, unlinks, mkdirs and rmdirs on either node, and of files
+of saves, overwrites, renames, unlinks, mkdirs and rmdirs on either node, of files
 opened and held open (never closed yet) that are renamed, renamed over, unlinked and
-closed later, in sync and async durability.  The FUSE model test (tests/integration/test_model.py) affords a few
+closed later, and of readers held open across steps (each reads the version it opened,
+and shows no name the other node moved away: soak seed 1215394), in sync and async
+durability.  The FUSE model test (tests/integration/test_model.py) affords a few
 dozen examples; without FUSE this one runs hundreds.
 
 A program switches nodes only after the node it leaves is idle and the node it enters
@@ -88,10 +90,23 @@ class Writer:
 
 
 @dataclass
+class Reader:
+    """A closed version opened for reading on ``node`` and held across steps: whatever
+    happens to its name meanwhile, it reads version ``vid`` of ``size`` bytes whole until
+    it is closed (DESIGN.md promise 2)."""
+    node: int
+    fh: int
+    path: str
+    vid: int
+    size: int
+
+
+@dataclass
 class Model:
     dirs: set[str] = field(default_factory=lambda: {""})
     files: dict[str, tuple[int, int]] = field(default_factory=dict)   # path: (vid, size)
     writers: list[Writer] = field(default_factory=list)
+    readers: list[Reader] = field(default_factory=list)
 
     def writer_at(self, path: str) -> Writer | None:
         return next((w for w in self.writers if w.path == path), None)
@@ -165,8 +180,12 @@ step = st.one_of(
     # a file held open leaves its name before its close: moved to a new name, unlinked
     st.tuples(st.just("open_away"), st.integers(0, 1), st.integers(0, 3),
               st.sampled_from(["rename", "unlink"])),
+    # a reader opens the k-th closed file and holds it; a reader reads all and closes
+    st.tuples(st.just("read_open"), st.integers(0, 1), st.integers(0, 7)),
+    st.tuples(st.just("read_close"), st.integers(0, 1), st.integers(0, 3)),
     race_step,
 )
+MAX_READERS = 3
 
 
 class Run:
@@ -202,6 +221,8 @@ class Run:
         fs: Filesystem = node.fs
         if kind in ("open", "close"):
             await self.do_writer(op)
+        elif kind in ("read_open", "read_close"):
+            await self.do_reader(op)
         elif kind == "open_away":
             mine = sorted(w.path for w in m.writers if w.node == n and w.path is not None)
             if mine:
@@ -540,6 +561,31 @@ class Run:
             m.files[w.path] = (w.vid, w.size)
             await self.check_read(node, w.path, await node.resolve(w.path))
 
+    async def do_reader(self, op: tuple) -> None:
+        """read_open: open the k-th closed file for reading and hold it; read_close: read
+        a held reader's whole file from the start (its version, whatever happened to the
+        name since) and close it."""
+        n, node, m = op[1], self.nodes[op[1]], self.model
+        if op[0] == "read_open":
+            names = sorted(m.files)
+            if not names or len(m.readers) >= MAX_READERS:
+                return
+            path = names[op[2] % len(names)]
+            handle = await node.fs.open(await node.resolve(path), os.O_RDONLY, node.me())
+            m.readers.append(Reader(n, handle.fh, path, *m.files[path]))
+            return
+        mine = [r for r in m.readers if r.node == n]
+        if mine:
+            await self.finish_reader(mine[op[2] % len(mine)])
+
+    async def finish_reader(self, r: Reader) -> None:
+        fs = self.nodes[r.node].fs
+        data = await fs.read(r.fh, 0, r.size + 1)
+        await fs.release(r.fh)
+        self.model.readers.remove(r)
+        assert data == version_bytes(r.vid, r.size), \
+            ("a reader of", r.path, "node", "ab"[r.node], len(data), r.vid, r.size)
+
     async def check_read(self, node: Core, path: str, ino: int) -> None:
         vid, size = self.model.files[path]
         data = await node.load(ino)
@@ -553,6 +599,8 @@ class Run:
         for i, node in enumerate(self.nodes):
             await self.refresh(node)
             assert await self.tree(node) == self.expected(i), f"node {'ab'[i]}"
+        for r in list(self.model.readers):     # held open through it all
+            await self.finish_reader(r)
 
     def expected(self, node: int) -> dict[str, object]:
         tree: dict[str, object] = {d: "dir" for d in self.model.dirs if d}
