@@ -2,9 +2,10 @@
 in-memory store (each its own namespace, staging and cache), driven by random programs
 of saves, overwrites, renames, unlinks, mkdirs and rmdirs on either node, of files
 opened and held open (never closed yet) that are renamed, renamed over, unlinked and
-closed later, and of readers held open across steps (each reads the version it opened,
-and shows no name the other node moved away: soak seed 1215394), in sync and async
-durability.  The FUSE model test (tests/integration/test_model.py) affords a few
+closed later, of readers held open across steps (each reads the version it opened,
+and shows no name the other node moved away: soak seed 1215394), and of a node stopped
+where it is and started again on its state (nothing open on it; its async journal may
+be pending), in sync and async durability.  The FUSE model test (tests/integration/test_model.py) affords a few
 dozen examples; without FUSE this one runs hundreds.
 
 A program switches nodes only after the node it leaves is idle and the node it enters
@@ -29,6 +30,7 @@ import random
 import re
 import time
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +185,8 @@ step = st.one_of(
     # a reader opens the k-th closed file and holds it; a reader reads all and closes
     st.tuples(st.just("read_open"), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("read_close"), st.integers(0, 1), st.integers(0, 3)),
+    # a node stops (a crash at its next await) and starts again on its state
+    st.tuples(st.just("restart"), st.integers(0, 1)),
     race_step,
 )
 MAX_READERS = 3
@@ -191,8 +195,11 @@ MAX_READERS = 3
 class Run:
     """One program over two nodes and the model it must match."""
 
-    def __init__(self, nodes: list[Core]) -> None:
+    def __init__(self, nodes: list[Core],
+                 restart: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.nodes = nodes
+        self.restart = restart
+        self.restarted: list[int] = []
         self.model = Model()
         self.vid = 0
         self.current = 0
@@ -223,6 +230,14 @@ class Run:
             await self.do_writer(op)
         elif kind in ("read_open", "read_close"):
             await self.do_reader(op)
+        elif kind == "restart":
+            # Only a node with nothing open: its async journal may still be pending.
+            if self.restart is not None and \
+                    not any(h.node == n for h in m.writers) and \
+                    not any(h.node == n for h in m.readers):
+                await self.restart(n)
+                self.restarted.append(n)
+                await self.refresh(self.nodes[n])
         elif kind == "open_away":
             mine = sorted(w.path for w in m.writers if w.node == n and w.path is not None)
             if mine:
@@ -636,7 +651,7 @@ class Run:
 
 
 async def run_program(base: Path, durability: str, program: list[tuple],
-                      ttl: float = 0.0) -> None:
+                      ttl: float = 0.0) -> Run:
     """``ttl``: the metadata TTL.  0: every lookup lists again and waits for it; above
     0, a lookup in a directory the node changed within it lists in the background and
     goes on (the window where a listing begins after the step that started it)."""
@@ -645,21 +660,45 @@ async def run_program(base: Path, durability: str, program: list[tuple],
                     stale_wait=0.5)
     dog = Watchdog(after=STEP_LIMIT / 3)
     started = time.monotonic()
-    async with open_core(base / "a", store, config) as a, \
-            open_core(base / "b", store, config) as b, trio.open_nursery() as watching:
-        watching.start_soon(dog.run)
-        run = Run([Core(a, store), Core(b, store)])
-        # A program that hangs is a failure with the step it hung in, not a stuck suite;
-        # a slow step prints where every task waits (support/watchdog.py).
-        for op in program:
-            with trio.fail_after(STEP_LIMIT), dog.step(op):
-                await run.do(op)
-        with trio.fail_after(STEP_LIMIT), dog.step("converge"):
-            await run.converge()
-        watching.cancel_scope.cancel()
+    async def node(i: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Node ``i``, in a task of its own (its nursery must nest in no other's): runs
+        until its ``stop`` is set."""
+        stop, done = trio.Event(), trio.Event()
+        try:
+            async with open_core(base / "ab"[i], store, config) as fs:
+                task_status.started((Core(fs, store), stop, done))
+                await stop.wait()
+        finally:
+            done.set()
+
+    async with trio.open_nursery() as nodes:
+        running = [await nodes.start(node, 0), await nodes.start(node, 1)]
+
+        async def restart(i: int) -> None:
+            """Node ``i`` stops where it is (its tasks cancelled at their next await, as
+            a crash would leave its state dir) and starts again on the same state."""
+            running[i][1].set()
+            await running[i][2].wait()
+            running[i] = await nodes.start(node, i)
+            run.nodes[i] = running[i][0]
+
+        async with trio.open_nursery() as watching:
+            watching.start_soon(dog.run)
+            run = Run([running[0][0], running[1][0]], restart)
+            # A program that hangs is a failure with the step it hung in, not a stuck
+            # suite; a slow step prints where every task waits (support/watchdog.py).
+            for op in program:
+                with trio.fail_after(STEP_LIMIT), dog.step(op):
+                    await run.do(op)
+            with trio.fail_after(STEP_LIMIT), dog.step("converge"):
+                await run.converge()
+            watching.cancel_scope.cancel()
+        for _, stop, _ in running:
+            stop.set()
     took = time.monotonic() - started
     if took > SLOW_PROGRAM:
         print(f"slow program: {took:.1f} s, {durability}, ttl {ttl}: {program}", flush=True)
+    return run
 
 
 @settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
@@ -747,5 +786,17 @@ def test_a_file_held_open_in_a_directory_the_other_node_moves_lands_there(
     program += [("save", 1, "", "f1", 0)] if save_before_move else []
     program += [("mvdir", 0, "d0", "d1"), ("save", 1, "", "f2", 0), ("close", 1, 0)]
     trio.run(run_program, tmp_path, durability, program)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+
+
+# The restart step, alone: node A stops with its async journal pending (a save, a rename,
+# a directory) and starts again on its state; both nodes converge to the model.
+def test_a_node_restarted_with_its_journal_pending_converges(tmp_path, caplog):
+    program = [("mkdir", 0, "d0"), ("save", 0, "d0", "f0", 2 * CS + 1),
+               ("rename", 0, 0, ("", "f1")), ("restart", 0), ("save", 1, "", "f2", 100),
+               ("restart", 1), ("unlink", 0, 0)]
+    run = trio.run(run_program, tmp_path, "async", program)
+    assert run.restarted == [0, 1]
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
