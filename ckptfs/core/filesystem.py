@@ -43,6 +43,7 @@ from .opening import Opening
 from .readbehind import ReadBehind
 from .removals import DirRemovals
 from .publish import Publish
+from .release import Release
 from .read import ReadPath
 from .recovery import Recovery
 from .listed_dirs import ListedDirIds
@@ -99,6 +100,7 @@ class Filesystem:
     observe = _Shared()
     after_seal = _Shared()
     _held_pointers = _Shared()
+    closing_at_release = _Shared()
 
     def __init__(self, ns: Namespace, store: ObjectStore, staging: Staging,
                  cache: ChunkCache, config: Config, nursery: trio.Nursery,
@@ -131,8 +133,9 @@ class Filesystem:
         self.seals = Seal(st, entries=self.entries, refresher=self.refresher,
                           journal_publish=lambda inode: self.publisher._journal_publish(inode))
         self.abandoning = abandoning = Abandon(st, self.held)
-        self.publisher = Publish(st, entries=self.entries, seals=self.seals, writes=self.writes,
-                                 abandoning=abandoning)
+        self.publisher = publisher = Publish(st, entries=self.entries, seals=self.seals,
+                                             writes=self.writes, abandoning=abandoning)
+        self.releasing = Release(st, publisher=publisher, abandoning=abandoning)
         self.attrs = Attributes(st, entries=self.entries, publisher=self.publisher,
                                 writes=self.writes)
         self.names = Names(st, entries=self.entries, removals=self.removals,
@@ -149,7 +152,11 @@ class Filesystem:
                                  publisher=self.publisher, renames=self.renames,
                                  moves=self.moves, abandoning=self.abandoning)
         self.status = Status(st, names=self.names, writes=self.writes, reads=self.reads)
-        # Async mode's metadata log (decision 0012), the publish queue, the leases.
+        self._background_work(store, health)
+
+    def _background_work(self, store: ObjectStore, health: StoreHealth) -> None:
+        """Async mode's metadata log (decision 0012), the publish queue, the leases."""
+        st, ns, config = self.st, self.st.ns, self.st.config
         st.oplog = MetaLog(ns, on_done=lambda: st.queue.release_parked(), health=health)
         st.queue = PublishQueue(self.publisher._publish_from_queue, config.upload_concurrency,
                                 ready=self.publisher._publish_ready, health=health)
@@ -291,7 +298,7 @@ class Filesystem:
         return await self.fsyncs.fsync(fh, datasync)
 
     async def release(self, fh: int) -> None:
-        return await self.publisher.release(fh)
+        return await self.releasing.release(fh)
 
     async def seal(self, ino: int) -> bool:
         return await self.seals.seal(ino)

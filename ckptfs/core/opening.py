@@ -192,6 +192,8 @@ class Opening:
         rt.passthrough += 1
         if handle.writable:
             handle.wrote = True     # its writes are not seen: count it as having written
+            if handle.session is not None:
+                handle.session.through_kernel = True
             self.st.upload_gate.writer_opened()
 
     @staticmethod

@@ -75,6 +75,7 @@ class Publish:
             # Report the write's own error again at close (as NFS does), e.g. ENOSPC.
             raise FsError(session.failed, "not published: an earlier write failed")
         if self.st.died_unclean(handle.opener):
+            session.meant = False
             if len(session.handles) > 1:
                 return  # other handles still write: their close decides
             log.warning("writer %d of %s was killed; nothing published",
@@ -82,15 +83,24 @@ class Publish:
             self.abandoning.abandon(inode, "its writer was killed")
             await self.abandoning.drop_stale_entries()
             return
-        if self._opener_still_holds(handle):
-            return  # a copy's close (fork, subprocess, dup): the opener's close decides
-        if len(session.handles) > 1:
-            return  # another open writable handle: the last one's close decides
+        if self._opener_still_holds(handle) or len(session.handles) > 1:
+            # A copy's close (fork, subprocess, dup: the opener's close decides), or
+            # another open writable handle (the last one's close decides) -- or, if no
+            # close comes before the last release, that release (``Session.meant``).
+            session.meant = True
+            return
+        await self._decide(inode, rt, session)
+
+    async def _decide(self, inode: Inode, rt: Runtime, session: Session,
+                      at_release: bool = False) -> None:
+        """The close decision for a session whose writer meant its close: a close
+        that changed nothing, a staging file system that was full under the kernel's
+        writes, an incomplete checkpoint, or the closed version (published now in sync
+        mode, journaled in async)."""
         if not session.wrote:
             self._end_session_unchanged(inode, rt, session)
             return
-        if rt.passthrough_ver == session.ver and \
-                self.st.staging.free_bytes() < STAGING_FULL_MARGIN:
+        if session.through_kernel and self.st.staging.free_bytes() < STAGING_FULL_MARGIN:
             # The kernel wrote it: a write that failed for want of space never told us.
             log.error("%s not published: the staging file system is full, so a write "
                       "through the kernel may have failed", self.st._path_for_log(inode))
@@ -99,14 +109,14 @@ class Publish:
             raise FsError(errno.ENOSPC, "not published: the staging file system is full")
         size = self.st.staging.size(inode.ino, session.ver)
         reason = await self._incomplete_reason(inode, session.ver, size)
-        if rt.session is not session:
-            return
+        if rt.session is not session or (at_release and session.handles):
+            return      # (at a release: a writer opened it meanwhile; its close decides)
         if reason is not None:
             log.error("%s not published: incomplete %s", self.st._path_for_log(inode), reason)
             self.abandoning.abandon(inode, f"it is incomplete ({reason})")
             await self.abandoning.drop_stale_entries()
             raise FsError(errno.EIO, f"incomplete checkpoint file: {reason}")
-        if rt.passthrough:      # the kernel wrote it: the staging file has its mtime
+        if session.through_kernel:  # the kernel wrote it: the staging file has its mtime
             inode.mtime_ns = max(inode.mtime_ns, os.fstat(
                 self.st.staging.fd(inode.ino, session.ver)).st_mtime_ns)
         if self.st.config.durability == "async":
@@ -375,44 +385,6 @@ class Publish:
         if rt is not None:
             rt.trackers.clear()
             self.st._drop_rt(ino)
-
-    async def release(self, fh: int) -> None:
-        handle = self.st.handles.pop(fh, None)
-        if handle is None:
-            return
-        rt = self.st._rt(handle.ino)
-        rt.handles.discard(fh)
-        if handle.passthrough:
-            rt.passthrough -= 1
-            if not rt.passthrough:
-                rt.passthrough_ver = None
-            if handle.writable:         # its writer is no longer at work (decision 0015)
-                self.st.upload_gate.writer_closed()
-        inode = self.st.ns.maybe_get(handle.ino)
-        if handle.writable:
-            rt.writers -= 1
-            session = handle.session
-            if session is not None:
-                session.handles.discard(fh)
-                if rt.session is session and not session.handles and inode is not None:
-                    # No close meant it (every flush passed it on): never published.
-                    # The kernel may be waiting for this answer while the creating
-                    # process holds the directory's lock (an open that failed after
-                    # create answered), and dropping the name takes that lock: it goes
-                    # on in the background, never before this release returns.
-                    self.abandoning.abandon(inode, "no writer closed it for good")
-                    self.st.nursery.start_soon(self.abandoning.drop_stale_entries)
-        elif handle.snapshot[0] == "staging":
-            self.st._unref(handle.ino, rt, handle.snapshot[1])
-        if not rt.handles and inode is not None:
-            if not inode.parent:
-                self._delete_inode(inode)
-            elif inode.dirty and inode.ino not in self.st.queue.queued and handle.wrote \
-                    and rt.session is None:
-                # Closed but not yet published (e.g. the publish failed): keep trying.
-                self._journal_publish(inode)
-        self.st._drop_rt(handle.ino)
-        self.st.leases.settle(handle.ino)
 
     def _publish_ready(self, ino: int) -> bool:
         """Async mode: the metadata-log records this publish must follow are done."""

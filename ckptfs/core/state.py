@@ -152,6 +152,12 @@ class Session:
     handles: set[int] = field(default_factory=set)
     wrote: bool = False     # anything to publish (a write, O_TRUNC, a create)
     failed: int = 0         # errno of a failed write: this session never publishes
+    # The last flush was a close its writer meant, passed on to another handle (the
+    # opener held another descriptor, or another writable handle was open): a process
+    # that exits holding the file twice flushes both before either is released, so its
+    # last release decides then (``Publish.release``).
+    meant: bool = False
+    through_kernel: bool = False    # a writer of it was passthrough: the kernel wrote it
 
 
 @dataclass
@@ -264,6 +270,9 @@ class CoreState:
         self.runtime: dict[int, Runtime] = {}
         self.dir_marks = DirMarks()                  # refresh's change and busy marks
         self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
+        # Inodes whose close decision waits to be made at their last release
+        # (``Publish._decide_at_release``): unfinished work for ``ckptfs wait``.
+        self.closing_at_release: set[int] = set()
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
         # Inodes whose name moved to a fresh inode (``Opening._fresh_inode_for_name``),

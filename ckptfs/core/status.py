@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import trio
+
 from ..meta.namespace import ROOT_INO, Inode
 
 from .state import CoreState, dir_id_of
@@ -17,6 +19,9 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+
+# How often ``wait_idle`` looks again while a close decision waits for its last release.
+CLOSING_RECHECK = 0.005
 
 
 class Status:
@@ -79,12 +84,15 @@ class Status:
 
     def unfinished(self) -> int:
         """Work still to reach the store that is not failed for good."""
-        return len(self.st.queue.active()) + len(self.st.oplog.pending)
+        return len(self.st.queue.active()) + len(self.st.oplog.pending) + \
+            len(self.st.closing_at_release)
 
     async def wait_idle(self) -> None:
         while self.unfinished():
             await self.st.queue.wait_idle()
             await self.st.oplog.wait_idle()
+            if self.st.closing_at_release:      # (rare: a few ms until it is made)
+                await trio.sleep(CLOSING_RECHECK)
 
     def is_writing(self, ino: int) -> bool:
         """An open writer, or a pending upload, for this inode on this node."""

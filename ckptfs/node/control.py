@@ -334,7 +334,8 @@ class ControlServer:
         it or one above it (a pending mkdir or rename of an ancestor: the path is not
         in the store yet).  Records count by their sequence number, negated."""
         fs = self.host.fs
-        found = self._under(top, fs.queue.active() | set(fs._held_pointers))
+        found = self._under(top, fs.queue.active() | set(fs._held_pointers) |
+                            fs.closing_at_release)
         above = set()
         cur = top
         while cur is not None:

@@ -193,6 +193,7 @@ def test_readers_hammering_the_name_across_the_moves(local_store, make_mount):
                                                  writer_errors)
 
 
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts")    # (the store refusing)
 def test_a_daemon_killed_after_the_move_keeps_the_new_save_and_drops_the_old_inode(
         local_store, make_mount, tmp_path):
     """SIGKILL after the name moved and the next save closed (the store refusing its

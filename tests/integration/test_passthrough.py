@@ -110,6 +110,9 @@ def test_a_reader_of_the_old_version_and_a_writer_of_the_new(local_store, make_m
     assert path.read_bytes() == b"c" * MiB
 
 
+# The outage below lasts the 2 s a save waits; on a loaded machine the retries of its
+# upload may run out meanwhile and say so (the version stays queued).
+@pytest.mark.expect_log_errors(r"failed after \d+ attempts")
 def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_mount,
                                                             tmp_path):
     """A reader that opened while a save went through the kernel shares its staging file

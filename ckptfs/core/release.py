@@ -1,0 +1,96 @@
+"""The release of a handle (the kernel's last reference to an open file is gone): the
+inode's runtime counts, and what the end of a write session that no close decided
+means -- abandoned when no close meant it (every flush passed it on to a handle that is
+gone now without a close of its own: a killed writer's), or decided now when its last
+flush meant it and passed it on (a process that exits holding the file twice flushes
+both descriptors before either is released: ``Session.meant``).  A nameless inode goes
+with its last handle; a closed version whose publish failed is queued again.
+
+Knows the close decision and publishing only through ``Publish``; nothing of FUSE."""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import FsError
+from .abandon import Abandon
+from .publish import Publish
+from .state import CoreState, Session
+
+log = logging.getLogger(__name__)
+
+
+class Release:
+    """``release`` of every handle; the close decisions left to a last release."""
+
+    def __init__(self, st: CoreState, *, publisher: Publish, abandoning: Abandon) -> None:
+        self.st = st
+        self.publisher = publisher
+        self.abandoning = abandoning
+
+    async def release(self, fh: int) -> None:
+        handle = self.st.handles.pop(fh, None)
+        if handle is None:
+            return
+        rt = self.st._rt(handle.ino)
+        rt.handles.discard(fh)
+        if handle.passthrough:
+            rt.passthrough -= 1
+            if not rt.passthrough:
+                rt.passthrough_ver = None
+            if handle.writable:         # its writer is no longer at work (decision 0015)
+                self.st.upload_gate.writer_closed()
+        inode = self.st.ns.maybe_get(handle.ino)
+        if handle.writable:
+            rt.writers -= 1
+            session = handle.session
+            if session is not None:
+                session.handles.discard(fh)
+                if rt.session is session and not session.handles and inode is not None:
+                    self._session_left(inode.ino, session)
+        elif handle.snapshot[0] == "staging":
+            self.st._unref(handle.ino, rt, handle.snapshot[1])
+        if not rt.handles and inode is not None:
+            if not inode.parent:
+                self.publisher._delete_inode(inode)
+            elif inode.dirty and inode.ino not in self.st.queue.queued and handle.wrote \
+                    and rt.session is None:
+                # Closed but not yet published (e.g. the publish failed): keep trying.
+                self.publisher._journal_publish(inode)
+        self.st._drop_rt(handle.ino)
+        self.st.leases.settle(handle.ino)
+
+    def _session_left(self, ino: int, session: Session) -> None:
+        """The last handle of a session no close decided is gone.  Both ways go on in
+        the background: the kernel may be waiting for this answer while the creating
+        process holds the directory's lock (an open that failed after create
+        answered), and dropping or publishing the name takes that lock."""
+        inode = self.st.ns.get(ino)
+        if session.meant and not session.failed:
+            self.st.closing_at_release.add(ino)
+            self.st.nursery.start_soon(self._decide_at_release, ino, session)
+        else:
+            self.abandoning.abandon(inode, "no writer closed it for good")
+            self.st.nursery.start_soon(self.abandoning.drop_stale_entries)
+
+    async def _decide_at_release(self, ino: int, session: Session) -> None:
+        """The close decision a meant flush passed on (nobody waits for it: ``ckptfs
+        wait`` counts it, ``closing_at_release``).  A publish that fails keeps the
+        closed version and queues it, as a failed close's release does."""
+        try:
+            rt, inode = self.st.runtime.get(ino), self.st.ns.maybe_get(ino)
+            if rt is None or inode is None or rt.session is not session or \
+                    session.handles:
+                return      # a writer opened it again meanwhile: its close decides
+            try:
+                await self.publisher._decide(inode, rt, session, at_release=True)
+            except FsError as exc:
+                log.warning("%s: the close decision at its last release: %s",
+                            self.st._path_for_log(inode), exc)
+                now = self.st.ns.maybe_get(ino)
+                if now is not None and now.dirty and ino not in self.st.queue.queued and \
+                        rt.session is None:
+                    self.publisher._journal_publish(now)
+        finally:
+            self.st.closing_at_release.discard(ino)
+            self.st._drop_rt(ino)
