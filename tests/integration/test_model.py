@@ -96,6 +96,17 @@ VERBOSE = _KNOBS.get("CKPTFS_MODEL_VERBOSE") == "1"
 # A hunting aid, never a default: leave out moves that hit a hole already known, so
 # the next one shows (e.g. "subprocess,fsync,race,restart").
 SKIP = set(filter(None, _KNOBS.get("CKPTFS_MODEL_SKIP", "").split(",")))
+# A save by a process that writes stdin through one of two writable descriptors of the
+# file and exits without closing either.
+EXIT_HOLDING_TWICE = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(sys.argv[2], 8))
+again = os.open(sys.argv[1], os.O_RDWR)
+data = memoryview(sys.stdin.buffer.read())
+while data:
+    data = data[os.write(fd, data):]
+os._exit(0)
+"""
 
 CHUNK = "64K"                      # small chunks: multi-chunk files stay small
 SIZES = [0, 100, PIECE, 40_000, 70_000, 140_000]
@@ -568,17 +579,34 @@ class ModelMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules: saves
 
     @rule(data=st.data(), m=st.integers(0, 1), size=st.sampled_from(SIZES),
-          how=st.sampled_from([h for h in ("plain", "fsync", "subprocess") if h not in SKIP]))
+          how=st.sampled_from([h for h in ("plain", "fsync", "subprocess", "exit")
+                               if h not in SKIP]))
     def file_save(self, data, m, size, how):
         """create or overwrite (O_TRUNC) + write + close a new version; with a fsync or a
-        subprocess in the middle of the save, every node is checked mid-save."""
+        subprocess in the middle of the save, every node is checked mid-save; or a
+        process that saves it and exits holding it open twice (the kernel's flushes
+        come before its releases: a hostile run's sqlite lost its database so)."""
         if not self.before_step(m):
             return
         path = self.pick(data, self.free_files(m) + self.new_file_paths(), "path")
         if path is None:
             return
         vid, content = self.new_version(size)
-        self.write_file(m, path, content, f"v{vid}", how, data)
+        if how == "exit" and self.fault is None:
+            self.exit_holding_twice(m, path, content, f"v{vid}")
+            return
+        self.write_file(m, path, content, f"v{vid}", "plain" if how == "exit" else how, data)
+
+    def exit_holding_twice(self, m: int, path: str, content: bytes, label: str) -> None:
+        self.note(f"{'AB'[m]}: save {path} = {label} ({len(content)} B, by a process that "
+                  f"exits holding it open twice)")
+        proc = subprocess.run([sys.executable, "-c", EXIT_HOLDING_TWICE,
+                               str(self.abs(m, path)), oct(CREATE_MODE)], input=content)
+        if proc.returncode != 0:
+            self.fail(f"the saving process exited with {proc.returncode}")
+        self.model.write(path, content)
+        self.closed_version(content, label)
+        self.check(m)
 
     @precondition(lambda self: self.closed_list)
     @rule(data=st.data(), m=st.integers(0, 1))
