@@ -394,28 +394,28 @@ class EntryIO:
                 etag = None
         raise FsError(errno.EIO, f"{key} keeps changing; not rewritten")
 
-    async def _delete_if_same(self, key: str, ident: str | None, *also: str) -> None:
+    async def _delete_if_same(self, key: str, ident: str | None, *also: str) -> bool:
         """Delete the entry under ``key`` if it still holds the object ``ident`` (or one
         of ``also``: entries this node sent there unanswered) names (compare-and-swap on
-        its ETag); a newer object there stays."""
+        its ETag); a newer object there stays.  Whether it deleted one."""
         idents = {i for i in (ident, *also) if i}
         if not idents:
-            return
+            return False
         for _ in range(8):
             try:
                 body, etag = await self._store(self.st.store.get, key)
             except NotFound:
-                return
+                return False
             try:
                 entry = Entry.from_json(body, MAX_CHUNK_SIZE)
             except BadEntry:
-                return    # not ours to judge: left for gc and the log
+                return False    # not ours to judge: left for gc and the log
             if not same_object(entry, idents):
                 log.info("%s holds another object now: left as it is", key)
-                return
+                return False
             try:
                 await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
-                return
+                return True
             except PreconditionFailed:
                 continue
         raise FsError(errno.EIO, f"{key} keeps changing; not deleted")

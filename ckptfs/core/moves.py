@@ -60,7 +60,8 @@ class EntryMoves:
         self.rng = rng or random.Random()
 
     async def move_entry(self, inode: Inode, old_key: str, new_key: str,
-                         seals: bool = True, expect: set[str] | None = None) -> None:
+                         seals: bool = True, expect: set[str] | None = None
+                         ) -> Entry | None:
         """Move ``inode``'s entry from ``old_key`` to ``new_key``: claim it (of two nodes
         renaming it, one wins; the other gets ENOENT), write it under the new key if the
         target is still what was read, then delete the old key only if it is still our
@@ -69,12 +70,15 @@ class EntryMoves:
         ``expect``: a rename made earlier and applied now (async mode's log) moves a
         file only over what it replaced when it was made (these identities; none: the
         name was free) or this node's own later save there.  Anything else under the
-        new key was saved by another node since: ``NameTaken``, nothing changed."""
+        new key was saved by another node since: ``NameTaken``, nothing changed.
+
+        Returns the entry the move replaced under the new key (None: the name was free
+        in the store), as read before the conditional write that replaced it."""
         for attempt in range(MOVE_ATTEMPTS):
             try:
-                await self._move_once(inode, old_key, new_key, seals,
-                                      give_way=attempt < MOVE_ATTEMPTS - 1, expect=expect)
-                return
+                return await self._move_once(inode, old_key, new_key, seals,
+                                             give_way=attempt < MOVE_ATTEMPTS - 1,
+                                             expect=expect)
             except CrossingRename:
                 pause = self.rng.uniform(0, FIRST_PAUSE * 2 ** attempt)
                 log.debug("rename %s -> %s crosses another rename; again in %.3f s",
@@ -83,13 +87,14 @@ class EntryMoves:
         raise FsError(errno.EIO, f"{new_key} keeps changing; rename not done")
 
     async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
-                         give_way: bool, expect: set[str] | None = None) -> None:
+                         give_way: bool, expect: set[str] | None = None) -> Entry | None:
         claim_etag, found = await self.claim(inode, old_key, new_key, found_ok=True)
         found.moving_to, found.moving_at = None, 0.0
         # Another file where this one's name was (one of them hard-linked): moved as is.
         foreign = found if bool(inode.link_id) != (found.type == "link") else None
         try:
-            target = await self._target_etag(inode, new_key, old_key, give_way, expect)
+            target, replaced = await self._target_etag(inode, new_key, old_key, give_way,
+                                                       expect)
         except (FsError, NameTaken):  # a directory another node wrote into; a newer save
             await self._give_back(inode, old_key, claim_etag, foreign)
             raise
@@ -129,6 +134,7 @@ class EntryMoves:
         self.st.ns.journal_done(seq)
         if not inode.link_id:   # a linked inode's ETag is its inode object's
             inode.remote_etag = new_etag
+        return replaced
 
     async def claim(self, inode: Inode, old_key: str, new_key: str,
                     found_ok: bool = False) -> tuple[str, Entry]:
@@ -164,9 +170,11 @@ class EntryMoves:
         raise FsError(errno.EIO, f"{old_key} keeps changing; rename not done")
 
     async def _target_etag(self, inode: Inode, new_key: str, old_key: str,
-                           give_way: bool, expect: set[str] | None = None) -> str | None:
+                           give_way: bool, expect: set[str] | None = None
+                           ) -> tuple[str | None, Entry | None]:
         """The target's ETag as the store has it now (``ABSENT`` for none), or None when
-        another rename's live claim is on it and this move gives way.  A directory there
+        another rename's live claim is on it and this move gives way; with the entry
+        read there (None: none, or one that does not parse).  A directory there
         (a rename over an empty directory) is removed first, the way rmdir does
         (decision 0028): its mark tells a node whose name lands in it later to bring it
         back, instead of that name ending under no directory.  ``ENOTEMPTY`` when a name
@@ -175,15 +183,15 @@ class EntryMoves:
         try:
             body, etag = await self.entries._store(self.st.store.get, new_key)
         except NotFound:
-            return ABSENT
+            return ABSENT, None
         try:
             entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry:
-            return etag     # not an entry anyone renames: replaced like any target
+            return etag, None   # not an entry anyone renames: replaced like any target
         if give_way and entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
             log.debug("%s is being renamed to %s by another rename: %s gives way",
                       new_key, entry.moving_to, old_key)
-            return None
+            return None, None
         if expect is not None and inode.type != "dir":
             own = self.entries._identity(inode)["ident"]
             if not same_object(entry, expect | {own}):
@@ -192,8 +200,8 @@ class EntryMoves:
         if entry.type == "dir" and entry.id and entry.id != inode.dir_id:
             if not await self.removals.remove_dir(new_key, entry_identity(entry)):
                 raise FsError(errno.ENOTEMPTY, f"{new_key}: another node wrote into it")
-            return ABSENT
-        return etag
+            return ABSENT, None
+        return etag, entry
 
     async def _put_target(self, key: str, body: bytes, target: str | None) -> str | None:
         """Write the moved entry under ``key`` if it still holds what was read (``target``:

@@ -202,6 +202,9 @@ class Refresh:
         directory this node changed meanwhile only gains nothing and loses nothing; an
         inode whose entry this node rewrote since the listing began keeps its own."""
         local = dict(self.st.ns.children(dir_inode.ino))
+        # (before this apply takes entries: a linked inode's object fetched now has a new
+        # ETag when another node counted a name out of it -- not a publish of this node)
+        etags_now = {ino: self.st.ns.get(ino).remote_etag for ino in local.values()}
         if not changed_locally:
             displaced = self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
             for inode, name in displaced:   # its name went to a directory moved here
@@ -236,7 +239,7 @@ class Refresh:
                 ino = holder.ino
             self._take_entry(inode, entry, etag)
         if not changed_locally:
-            self._forget_vanished(dir_inode, remote, local, etags_before)
+            self._forget_vanished(dir_inode, remote, local, etags_before, etags_now)
 
     @no_await
     def _take_entry(self, inode: Inode, entry: Entry, etag: str) -> None:
@@ -264,7 +267,8 @@ class Refresh:
 
     @no_await
     def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict,
-                         etags_before: dict[int, str | None]) -> None:
+                         etags_before: dict[int, str | None],
+                         etags_now: dict[int, str | None]) -> None:
         """Names gone from the store that this node has no work for (no await).  An
         inode this node published since the listing began (its ETag changed) is not
         gone: its entry landed after the LIST (a first publish writes a hard-linked
@@ -277,7 +281,7 @@ class Refresh:
             inode = self.st.ns.get(ino)
             if inode.published and not inode.dirty and not self.st._writers(ino) \
                     and ino not in self.st.queue.queued and not self.st._locked(ino) \
-                    and inode.remote_etag == etags_before.get(ino, inode.remote_etag):
+                    and etags_now[ino] == etags_before.get(ino, etags_now[ino]):
                 self._forget_subtree(inode, dir_inode.ino, name)
 
     async def _resolve_links(self, fetched: dict[bytes, tuple[Entry, str]],

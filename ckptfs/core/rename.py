@@ -18,6 +18,7 @@ from . import unsure
 from .critical import no_await
 from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
+from .entries import entry_identity
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -349,19 +350,29 @@ class Rename:
                 not target.links_pending else None     # a replaced name the store has
             stored = bool(inode.published and not inode.links_pending or inode.held or
                           remote is not None)       # the store steps change something
+            replaced: Entry | None = None     # what the store had under the name
             if inode.published and not inode.links_pending:
-                await self.moves.move_entry(inode, old_key, new_key, seals)
+                replaced = await self.moves.move_entry(inode, old_key, new_key, seals)
             else:
                 await self.held.delete(inode, old_dir, old[1])
                 if remote is not None and self.held.never_closed(inode) and not remote.link_id:
                     # No closed version yet: the name keeps its entry until one lands.
                     self.held.hold(inode, new_dir, new_name, remote)
                 elif remote is not None:
-                    await self.entries._store(self.st.store.delete, new_key)
+                    # Only what this node knows there: another node's save, or the link
+                    # it renamed away meanwhile, is not this rename's to remove.
+                    known = self.entries._entry_of(remote)     # (a link entry if linked)
+                    ident = entry_identity(known) if remote.link_id else \
+                        self.entries._identity(remote)["ident"]
+                    if await self.entries._delete_if_same(new_key, ident):
+                        replaced = known
             if remote is None and target is not None:
                 self.held.hand_over(inode, target, new_dir, new_name)
-            if remote is not None and remote.link_id:
-                # The replaced name was one link of a shared inode: count it out.
+            if remote is not None and remote.link_id and replaced is not None and \
+                    replaced.type == "link" and replaced.link == remote.link_id:
+                # The replaced name was one link of a shared inode: count it out (only
+                # if it was still there: renamed away by another node meanwhile, the
+                # link is that node's, and counting it out would delete the object).
                 await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
             # What the store has moved, here must follow (one commit).
             sealed_here = self.st.record_store_change(
