@@ -75,19 +75,32 @@ class Publish:
             # Report the write's own error again at close (as NFS does), e.g. ENOSPC.
             raise FsError(session.failed, "not published: an earlier write failed")
         if self.st.died_unclean(handle.opener):
-            session.meant = False
+            session.meant = session.meant_by_writer
             if len(session.handles) > 1:
                 return  # other handles still write: their close decides
-            log.warning("writer %d of %s was killed; nothing published",
+            if not session.meant_by_writer:
+                log.warning("writer %d of %s was killed; nothing published",
+                            handle.opener.tgid, self.st._path_for_log(inode))
+                self.abandoning.abandon(inode, "its writer was killed")
+                await self.abandoning.drop_stale_entries()
+                return
+            # Another writer closed it before (told it was saved): that close stands,
+            # with what this one wrote before it was killed.
+            log.warning("writer %d of %s was killed; the version another writer's close "
+                        "meant is published, with what the killed writer wrote",
                         handle.opener.tgid, self.st._path_for_log(inode))
-            self.abandoning.abandon(inode, "its writer was killed")
-            await self.abandoning.drop_stale_entries()
-            return
-        if self._opener_still_holds(handle) or len(session.handles) > 1:
-            # A copy's close (fork, subprocess, dup: the opener's close decides), or
-            # another open writable handle (the last one's close decides) -- or, if no
-            # close comes before the last release, that release (``Session.meant``).
+        elif self._opener_still_holds(handle):
             session.meant = True
+            return  # a copy's close (fork, subprocess, dup): the opener's close decides
+        elif len(session.handles) > 1:
+            # Another open writable handle: the last one's close decides -- or, if no
+            # close comes before the last release, that release (``Session.meant``).
+            # A close of another process than the ones still writing stands even if
+            # they are killed (the same process killed later was still at work).
+            session.meant = True
+            if all(self.st.handles[fh].opener.tgid != handle.opener.tgid
+                   for fh in session.handles if fh != handle.fh and fh in self.st.handles):
+                session.meant_by_writer = True
             return
         await self._decide(inode, rt, session)
 

@@ -157,6 +157,9 @@ class Session:
     # that exits holding the file twice flushes both before either is released, so its
     # last release decides then (``Publish.release``).
     meant: bool = False
+    # Another writer's close meant it and passed it on (not a copy's close): if the last
+    # writer is then killed, that close still stands (``Publish._flush``).
+    meant_by_writer: bool = False
     through_kernel: bool = False    # a writer of it was passthrough: the kernel wrote it
 
 

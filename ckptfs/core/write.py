@@ -155,6 +155,11 @@ class WritePath:
             # after its parent's close): later writes start a new version.
             inode = self.st.ns.get(handle.ino)
             session = await self._join_session(inode, truncate=False)
+            if not session.handles:
+                # Started by writes after this handle's close: writes through a mapping
+                # the program unmaps after closing the descriptor come with no close of
+                # their own, so its last release decides (``Session.meant``).
+                session.meant = True
             if handle.session is not None:
                 handle.session.handles.discard(fh)
             handle.session = session
