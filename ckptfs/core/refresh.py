@@ -349,9 +349,10 @@ class Refresh:
                         name: bytes | None = None, top: bool = True) -> None:
         """Drop a name that vanished from the store (another node removed it); by
         default the inode's first name.  What this node still has work for (dirty,
-        open for writing, queued, locked) stays, and so do the directories leading to it: another
-        node may have *moved* the directory, and the listing of its new place takes it
-        back whole (``_move_here``).  A hard-linked inode stays while it has a name."""
+        open for writing, queued, locked) stays, and so do the directories leading to
+        it: another node may have *moved* the directory, and the listing of its new
+        place takes it back whole (``_move_here``).  A hard-linked inode stays while it
+        has a name."""
         if inode.type == "dir":
             for child_name, child in self.st.ns.children(inode.ino):
                 child_inode = self.st.ns.get(child)
