@@ -214,6 +214,12 @@ class Publish:
         is staged on this node."""
         rt.trackers.pop(prev, None)
         self.st.cache.untrack_local(inode.ino)
+        if session.through_kernel:
+            try:
+                st = os.fstat(self.st.staging.fd(inode.ino, session.ver))
+                session.closed_stat = (st.st_size, st.st_mtime_ns)
+            except (OSError, FsError):
+                pass
         rt.session = None
         session.tracker.closed = True   # chunks read from now on are the closed bytes
         rt.trackers[session.ver] = session.tracker

@@ -11,11 +11,13 @@ Knows the close decision and publishing only through ``Publish``; nothing of FUS
 from __future__ import annotations
 
 import logging
+import os
 
 from ..errors import FsError
+from ..meta.namespace import Inode
 from .abandon import Abandon
 from .publish import Publish
-from .state import CoreState, Session
+from .state import CoreState, Runtime, Session
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class Release:
                     self._session_left(inode.ino, session)
         elif handle.snapshot[0] == "staging":
             self.st._unref(handle.ino, rt, handle.snapshot[1])
+        if handle.passthrough and handle.writable and inode is not None:
+            self._written_after_close(handle.session, rt, inode)
         if not rt.handles and inode is not None:
             if not inode.parent:
                 self.publisher._delete_inode(inode)
@@ -59,6 +63,57 @@ class Release:
                 self.publisher._journal_publish(inode)
         self.st._drop_rt(handle.ino)
         self.st.leases.settle(handle.ino)
+
+    def _written_after_close(self, session: Session | None, rt: Runtime,
+                             inode: Inode) -> None:
+        """A writable passthrough handle is gone after its version was closed: the kernel
+        may have written on into that version's staging file through it (a forked child
+        writing after its parent's close, a mapping written back long after), which the
+        daemon never sees, so the store would keep the bytes of the close while this
+        node shows the later ones.  If the file changed since its close, those bytes
+        become the next closed version (the same file under a new version number: a
+        publish of the old one still under way publishes again) -- unless a newer
+        version was closed since."""
+        if session is None or session.closed_stat is None or rt.session is session or \
+                not inode.parent or inode.ver != session.ver:
+            return
+        try:
+            st = os.fstat(self.st.staging.fd(inode.ino, session.ver))
+        except (OSError, FsError):
+            return
+        if (st.st_size, st.st_mtime_ns) == session.closed_stat:
+            return
+        session.closed_stat = (st.st_size, st.st_mtime_ns)
+        old, ver = session.ver, inode.max_ver + 1
+        self.st.staging.link_version(inode.ino, old, ver)
+        inode.max_ver, inode.ver, inode.size = ver, ver, st.st_size
+        inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
+        inode.dirty, inode.local_copy = True, True
+        rt.trackers.pop(old, None)
+        self.st.cache.untrack_local(inode.ino)
+        self.st.ns.save(inode)
+        self.st._drop_version_if_unused(inode.ino, old)
+        self.st.invalidate(inode.ino)
+        log.warning("%s: written through the kernel after its close (a descriptor or "
+                    "mapping that outlived it): those bytes are its next version",
+                    self.st._path_for_log(inode))
+        if self.st._deferred():
+            self.publisher._journal_publish(inode)
+        else:
+            self.st.closing_at_release.add(inode.ino)
+            self.st.nursery.start_soon(self._publish_again, inode.ino)
+
+    async def _publish_again(self, ino: int) -> None:
+        try:
+            await self.publisher.publish_now(ino)
+        except FsError as exc:
+            log.warning("inode %d: publishing the bytes written after its close: %s "
+                        "(kept, retried)", ino, exc)
+            inode = self.st.ns.maybe_get(ino)
+            if inode is not None and inode.dirty and ino not in self.st.queue.queued:
+                self.publisher._journal_publish(inode)
+        finally:
+            self.st.closing_at_release.discard(ino)
 
     def _session_left(self, ino: int, session: Session) -> None:
         """The last handle of a session no close decided is gone.  Both ways go on in

@@ -161,6 +161,10 @@ class Session:
     # writer is then killed, that close still stands (``Publish._flush``).
     meant_by_writer: bool = False
     through_kernel: bool = False    # a writer of it was passthrough: the kernel wrote it
+    # (size, mtime_ns) of its staging file when it became the closed version, if the
+    # kernel wrote it: a descriptor or mapping that outlives the close may write on
+    # into that file, which the daemon never sees (``Release._written_after_close``).
+    closed_stat: tuple[int, int] | None = None
 
 
 @dataclass

@@ -236,6 +236,12 @@ class Staging:
         self._indexed(ino, src, False)
         self._indexed(ino, dst, True)
 
+    def link_version(self, ino: int, src: int, dst: int) -> None:
+        """Name the staging file of version ``src`` as version ``dst`` too (a hard link:
+        the same bytes, no copy)."""
+        os.link(self.path(ino, src), self.path(ino, dst))
+        self._indexed(ino, dst, True)
+
     def close_fd(self, ino: int, ver: int) -> None:
         fd = self._fds.pop((ino, ver), None)
         if fd is not None:

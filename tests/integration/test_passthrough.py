@@ -343,3 +343,43 @@ def test_an_mtime_set_on_the_open_file_is_kept_and_a_later_write_moves_it(store,
     other = make_mount(store, name="fresh")
     assert os.stat(other.path / "kept.bin").st_mtime_ns == 10**18
     assert os.stat(other.path / "h").st_mtime_ns == os.stat("/etc/hostname").st_mtime_ns
+
+
+# A writer forks, closes its copy and exits; its child writes on (in place and past the
+# end) through the same descriptor a while later, then exits.
+FORK_WRITES_ON = r"""
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"P" * (1 << 20))
+if os.fork() == 0:
+    time.sleep(float(sys.argv[2]))
+    os.pwrite(fd, b"C" * 100, 0)
+    os.pwrite(fd, b"C" * 100, 1 << 20)
+    os.close(fd)
+    open(sys.argv[3], "w").close()          # (outside the mount) done
+    os._exit(0)
+os.close(fd)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.3, 2.5], ids=["soon", "after the upload"])
+def test_writes_through_the_kernel_after_the_close_reach_every_node(delay, local_store,
+                                                                     make_mount, tmp_path):
+    """The child's writes go straight into the closed version's staging file; the store
+    kept the bytes of the parent's close (a fresh node read no C, and the extension was
+    lost everywhere but on the writer's node).  Now its release makes them the next
+    version."""
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path = node.path / "f.bin"
+    done = tmp_path / "child-done"
+    subprocess.run([sys.executable, "-c", FORK_WRITES_ON, str(path), str(delay), str(done)],
+                   check=True)
+    want = b"C" * 100 + b"P" * ((1 << 20) - 100) + b"C" * 100
+    assert eventually(done.exists, timeout=30)
+    assert eventually(lambda: node.status()["fuse_requests"].get("release", 0) >= 1,
+                      timeout=30)          # the child's release reached the daemon
+    run_ckptfs("wait", str(node.path), check=True)
+    assert path.read_bytes() == want
+    assert (make_mount(local_store, name="fresh").path / "f.bin").read_bytes() == want

@@ -1,0 +1,73 @@
+"""Writes through the kernel after a passthrough version's close (a hostile run, stop 43).
+
+A writer's descriptor (or a mapping of it) may outlive the close that made its version
+the closed one: a forked child writing after its parent's close, a mapping written back
+long after.  Through kernel passthrough those writes go straight into that version's
+staging file and the daemon never sees them: the store kept the bytes of the close
+while the writer's node showed the later ones (a fresh node read ``PPP...`` where the
+writer's read ``CCC...``; an extension was lost everywhere but there).  Now the release
+of such a handle finds the file changed since its close and makes those bytes the next
+closed version, published like any other."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import WRITE_NEW, two_cores
+
+pytestmark = pytest.mark.trio
+
+CLOSED = b"P" * 40000
+LATER = b"C" * 100
+
+
+@pytest.mark.parametrize("extends", [False, True], ids=["in place", "extending"])
+@pytest.mark.parametrize("wait_first", [False, True], ids=["upload pending", "uploaded"])
+async def test_kernel_writes_after_the_close_become_the_next_version(
+        tmp_path: Path, extends: bool, wait_first: bool):
+    store = MemoryStore()
+    async with two_cores(tmp_path, store, Config(durability="async",
+                                                 upload_hold=0.0)) as (a, b):
+        a.fs.st.passthrough_available = lambda: True
+        handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        assert handle.passthrough, "the kernel writes this handle's bytes"
+        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
+        with open(path, "r+b") as kernel:           # what the kernel does
+            kernel.write(CLOSED)
+        await a.fs.flush(handle.fh)                 # the parent's close
+        if wait_first:
+            await a.fs.wait_idle()
+        with open(path, "r+b") as kernel:           # the child writes on
+            kernel.seek(len(CLOSED) if extends else 0)
+            kernel.write(LATER)
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+        await a.fs.release(handle.fh)               # ... and exits
+        await a.fs.wait_idle()
+        want = CLOSED + LATER if extends else LATER + CLOSED[len(LATER):]
+        assert await a.load(inode.ino) == want
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        assert await b.load(await b.resolve("f")) == want, "every node has the same bytes"
+
+
+async def test_an_unchanged_file_is_not_published_again(tmp_path: Path):
+    store = MemoryStore()
+    async with two_cores(tmp_path, store, Config(durability="async",
+                                                 upload_hold=0.0)) as (a, b):
+        a.fs.st.passthrough_available = lambda: True
+        handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
+        with open(path, "r+b") as kernel:
+            kernel.write(CLOSED)
+        await a.fs.flush(handle.fh)
+        await a.fs.wait_idle()
+        puts = len([c for c in store.calls if c.op in ("put", "put_if_absent")])
+        await a.fs.release(handle.fh)
+        await a.fs.wait_idle()
+        assert len([c for c in store.calls if c.op in ("put", "put_if_absent")]) == puts
