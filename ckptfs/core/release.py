@@ -83,9 +83,14 @@ class Release:
             return
         if (st.st_size, st.st_mtime_ns) == session.closed_stat:
             return
-        session.closed_stat = (st.st_size, st.st_mtime_ns)
         old, ver = session.ver, inode.max_ver + 1
-        self.st.staging.link_version(inode.ino, old, ver)
+        try:
+            self.st.staging.link_version(inode.ino, old, ver)
+        except OSError as exc:      # (a staging file system without hard links)
+            log.warning("%s: written through the kernel after its close, and that could "
+                        "not become its next version: %s", self.st._path_for_log(inode), exc)
+            return
+        session.closed_stat = (st.st_size, st.st_mtime_ns)
         inode.max_ver, inode.ver, inode.size = ver, ver, st.st_size
         inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
         inode.dirty, inode.local_copy = True, True
