@@ -73,8 +73,9 @@ class Opening:
         """A new handle, with the page-cache flags the kernel gets for it
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
         self.st.refuse_if_moved_away(ino)   # a dentry the kernel kept: ESTALE
-        if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
-            await self._wait_for_passthrough_readers(ino)
+        writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        await self._wait_for_passthrough_readers(ino, writable)
+        if writable:
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
                 handle = await self._open(ino, flags, opener)
         else:
@@ -83,37 +84,46 @@ class Opening:
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
 
-    @staticmethod
-    def _lingering_passthrough(rt: Runtime | None) -> bool:
+    def _lingering_passthrough(self, ino: int, writable: bool) -> bool:
         """Passthrough handles of a closed version are open (readers that joined a save
-        through the kernel, or its writer's release not yet here): a writer of a new
-        version could not share their backing file."""
-        return rt is not None and rt.passthrough > 0 and not (
-            rt.session is not None and rt.session.ver == rt.passthrough_ver)
+        through the kernel, or its writer's release not yet here) and this open would not
+        share their backing file: a writer of a new version, or a reader of any other
+        version (a later save of this node or another node's, or the store's chunks once
+        the staging file went)."""
+        rt = self.st.runtime.get(ino)
+        if rt is None or rt.passthrough <= 0:
+            return False
+        if rt.session is not None:
+            return rt.session.ver != rt.passthrough_ver
+        if writable:
+            return True
+        inode = self.st.ns.maybe_get(ino)
+        return inode is not None and \
+            self._version_of(inode) != ("staging", rt.passthrough_ver)
 
-    async def _wait_for_passthrough_readers(self, ino: int) -> None:
-        """A writer opening ``ino`` while the kernel still reads it through a closed
-        version's staging file: answered with the daemon's path, the kernel itself
-        would fail the open with EIO.  Once that version is in the store, the name moves
-        to a fresh inode and the open answers ESTALE: the kernel looks the name up again
-        and opens the fresh one (``_fresh_inode_for_name``).  Until then it waits for
-        those handles to go or the upload to land (PASSTHROUGH_DRAIN), then is refused
+    async def _wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
+        """An open of ``ino`` while the kernel still reads it through a closed version's
+        staging file, for another version: answered with the daemon's path, the kernel
+        itself would fail the open with EIO.  Once that version is in the store, the name
+        moves to a fresh inode and the open answers ESTALE: the kernel looks the name up
+        again and opens the fresh one (``_fresh_inode_for_name``).  Until then it waits
+        for those handles to go or the upload to land (PASSTHROUGH_DRAIN), then is refused
         with EBUSY."""
-        if not self._lingering_passthrough(self.st.runtime.get(ino)):
+        if not self._lingering_passthrough(ino, writable):
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
-            while self._lingering_passthrough(self.st.runtime.get(ino)):
-                # (moved by this writer, or by another one waiting beside it)
+            while self._lingering_passthrough(ino, writable):
+                # (moved by this open, or by another one waiting beside it)
                 self._fresh_inode_for_name(ino)
                 self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
-        if self._lingering_passthrough(self.st.runtime.get(ino)):
+        if self._lingering_passthrough(ino, writable):
             inode = self.st.ns.maybe_get(ino)
             where = self.st._path_for_log(inode) if inode is not None else f"inode {ino}"
-            log.warning("%s: open for writing refused (EBUSY): a reader still reads the "
+            log.warning("%s: open for %s refused (EBUSY): a reader still reads the "
                         "version before through the kernel (FUSE passthrough allows one "
                         "backing file per file); it may be opened again once that reader "
-                        "closes it", where)
+                        "closes it", where, "writing" if writable else "reading")
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
 
     @no_await

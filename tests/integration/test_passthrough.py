@@ -383,3 +383,39 @@ def test_writes_through_the_kernel_after_the_close_reach_every_node(delay, local
     run_ckptfs("wait", str(node.path), check=True)
     assert path.read_bytes() == want
     assert (make_mount(local_store, name="fresh").path / "f.bin").read_bytes() == want
+
+
+def test_a_lingering_reader_does_not_stop_its_node_reading_another_nodes_save(
+        store, make_mount):
+    """A reader on A joined a save that went through the kernel and stays open; B saves
+    the same name anew.  A reads B's bytes at once -- the lingering reader keeps its own
+    version (soak seed 1215430: A's open failed with EIO until the reader closed, the
+    kernel refusing an open of an inode with a backing file that is not passthrough)."""
+    a = make_mount(store, name="a", durability="async", extra=("--metadata-ttl", "0.2"))
+    b = make_mount(store, name="b", durability="async", extra=("--metadata-ttl", "0.2"))
+    _kernel_path(a)
+    path = a.path / "f0"
+    ours, size = os.urandom(100_000), 40_000
+    with open(path, "wb") as writer:
+        writer.write(ours)
+        writer.flush()
+        reader = open(path, "rb", buffering=0)    # joins the writer's staging file
+    try:
+        run_ckptfs("wait", str(a.path), check=True, timeout=60)
+        theirs = os.urandom(size)
+        assert eventually(lambda: (b.path / "f0").exists())
+        (b.path / "f0").write_bytes(theirs)
+        run_ckptfs("wait", str(b.path), check=True, timeout=60)
+        assert eventually(lambda: os.stat(path).st_size == size), os.stat(path)
+        assert path.read_bytes() == theirs
+        with open(path, "rb") as again:
+            assert again.read() == theirs
+        assert reader.read() == ours                 # the reader keeps its version
+    finally:
+        reader.close()
+    assert path.read_bytes() == theirs
+    with open(path, "ab") as appender:               # and the name takes the next save
+        appender.write(b"+")
+    run_ckptfs("wait", str(a.path), check=True, timeout=60)
+    fresh = make_mount(store, name="fresh")
+    assert (fresh.path / "f0").read_bytes() == theirs + b"+"

@@ -17,7 +17,7 @@ import trio
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO as ROOT
 from ckptfs.store import MemoryStore
-from support.core import WRITE_NEW, Core, open_core, reached
+from support.core import WRITE_NEW, Core, open_core, reached, two_cores
 
 pytestmark = pytest.mark.trio
 
@@ -220,3 +220,46 @@ async def test_a_rename_of_the_name_racing_the_move_answers_estale(tmp_path):
         names = (await core.names(), await core.names(keep.ino))
         assert (outcome, names) == ({"rename": "ok"}, (["keep"], ["latest.pt"])), \
             (outcome, names)
+
+
+def _kernel_refuses(fs, handle) -> bool:
+    """The kernel's rule (fs/fuse/iomode.c): while an open of an inode is passthrough,
+    every open of it that is not fails with EIO."""
+    rt = fs.st.runtime.get(handle.ino)
+    return not handle.passthrough and rt is not None and rt.passthrough > 0
+
+
+@pytest.mark.parametrize("flags", [os.O_RDONLY, TRUNC], ids=["reader", "writer"])
+async def test_an_open_of_another_nodes_save_beside_a_lingering_reader_moves_the_name(
+        tmp_path, flags):
+    """A's reader joined A's passthrough save and stays open; B saves the name anew and
+    A's listing takes B's version.  A reader opening it on A got the daemon's path on
+    the inode the kernel reads through A's staging file: EIO from the kernel (soak seed
+    1215430).  Now the open moves the name to a fresh inode (ESTALE, retried by the VFS)
+    and reads B's bytes; the lingering reader keeps A's."""
+    from ckptfs.core import Config
+    ours, theirs = b"a" * 7000, b"b" * 3000
+    async with two_cores(tmp_path, MemoryStore(),
+                         Config(durability="async", upload_hold=0.0)) as (a, b):
+        old, reader = await _lingering(a, data=ours)
+        backing = os.dup(a.fs.backing_fd(reader))     # the kernel's own reference
+        await b.fs.refresh_dir(ROOT, force=True)
+        writer = await b.fs.open(await b.resolve("latest.pt"), TRUNC, b.me())
+        await b.fs.write(writer.fh, 0, theirs)
+        await b.fs.flush(writer.fh)
+        await b.fs.release(writer.fh)
+        await b.fs.wait_idle()
+        await a.fs.refresh_dir(ROOT, force=True)
+
+        await _estale(a, old, flags)
+        fresh = (await a.fs.lookup(ROOT, b"latest.pt")).ino
+        assert fresh != old
+        handle = await a.fs.open(fresh, flags, a.me())
+        assert not _kernel_refuses(a.fs, handle)
+        await a.fs.release(handle.fh)
+        if flags == os.O_RDONLY:
+            assert await a.load(fresh) == theirs
+        assert os.pread(backing, len(ours) + 1, 0) == ours
+        os.close(backing)
+        await a.fs.release(reader.fh)
+        assert a.fs.st.ns.maybe_get(old) is None
