@@ -106,7 +106,7 @@ class Attributes:
                 raise FsError(errno.EISDIR)
             if inode.type != "file":
                 raise FsError(errno.EINVAL)
-            await self._set_size(inode, size)
+            await self._set_size(inode, size, fh)
         rt = self.st._rt(ino)
         async with rt.lock:
             inode = self.st.ns.get(ino)
@@ -226,12 +226,24 @@ class Attributes:
         self.st.oplog.add({"kind": "attrs", "ino": inode.ino, "parent_id": parent.dir_id,
                         "name": inode.name.hex()}, dirs=[parent.ino])
 
-    async def _set_size(self, inode: Inode, size: int) -> None:
+    async def _set_size(self, inode: Inode, size: int, fh: int | None = None) -> None:
         """truncate/ftruncate: inside an open write session it changes the working
-        version; otherwise it is a whole change of its own (a new closed version)."""
+        version; otherwise it is a whole change of its own (a new closed version) --
+        but through a passthrough handle whose version was closed, it changes the file
+        the kernel writes that handle's bytes into, as the kernel's own writes after
+        the close do (the handle's release makes them the next version)."""
         rt = self.st._rt(inode.ino)
         if rt.session is not None:
             self.writes._truncate_session(inode, rt.session, size)
+            return
+        handle = self.st.handles.get(fh) if fh is not None else None
+        if handle is not None and handle.passthrough and handle.writable and \
+                handle.session is not None and handle.session.ver == inode.ver:
+            try:
+                os.ftruncate(self.st.staging.fd(inode.ino, inode.ver), size)
+            except OSError as exc:
+                raise FsError(exc.errno or errno.EIO,
+                              f"truncate to {size}: {exc.strerror}") from None
             return
         if size == inode.size and not inode.dirty:
             return

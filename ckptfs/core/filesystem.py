@@ -253,6 +253,8 @@ class Filesystem:
                       fh: int | None = None) -> Inode:
         if fh is None:
             self.st.refuse_if_moved_away(ino)     # a path step through a kept dentry
+            if size is not None:     # a new version: not in the file a reader holds
+                await self.opening.wait_for_passthrough_readers(ino, writable=True)
         return self.opening.live_size(await self.attrs.setattr(
             ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns,
             mtime_ns=mtime_ns, fh=fh))

@@ -74,7 +74,7 @@ class Opening:
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
         self.st.refuse_if_moved_away(ino)   # a dentry the kernel kept: ESTALE
         writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
-        await self._wait_for_passthrough_readers(ino, writable)
+        await self.wait_for_passthrough_readers(ino, writable)
         if writable:
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
                 handle = await self._open(ino, flags, opener)
@@ -101,7 +101,7 @@ class Opening:
         return inode is not None and \
             self._version_of(inode) != ("staging", rt.passthrough_ver)
 
-    async def _wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
+    async def wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
         """An open of ``ino`` while the kernel still reads it through a closed version's
         staging file, for another version: answered with the daemon's path, the kernel
         itself would fail the open with EIO.  Once that version is in the store, the name

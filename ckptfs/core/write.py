@@ -86,8 +86,10 @@ class WritePath:
             if truncate:
                 self.st.staging.create_empty(inode.ino, ver)
             elif inode.dirty or inode.local_copy:
-                if not inode.dirty and not rt.refs.get(inode.ver):
-                    # A clean local copy nobody reads: the store has it, take it over.
+                if not inode.dirty and not rt.refs.get(inode.ver) and \
+                        not (rt.passthrough and rt.passthrough_ver == inode.ver):
+                    # A clean local copy nobody reads (not even the kernel, for a
+                    # passthrough handle): the store has it, take it over.
                     self.st.staging.rename_version(inode.ino, inode.ver, ver)
                     inode.local_copy = False
                     self.st.cache.untrack_local(inode.ino)

@@ -353,8 +353,11 @@ fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 os.write(fd, b"P" * (1 << 20))
 if os.fork() == 0:
     time.sleep(float(sys.argv[2]))
+    end = int(sys.argv[4])
+    if end != 1 << 20:
+        os.ftruncate(fd, end)                 # through the handle: the daemon's path
     os.pwrite(fd, b"C" * 100, 0)
-    os.pwrite(fd, b"C" * 100, 1 << 20)
+    os.pwrite(fd, b"C" * 100, end)
     os.close(fd)
     open(sys.argv[3], "w").close()          # (outside the mount) done
     os._exit(0)
@@ -363,20 +366,22 @@ os._exit(0)
 """
 
 
-@pytest.mark.parametrize("delay", [0.3, 2.5], ids=["soon", "after the upload"])
-def test_writes_through_the_kernel_after_the_close_reach_every_node(delay, local_store,
+@pytest.mark.parametrize("delay,end", [(0.3, 1 << 20), (2.5, 1 << 20), (0.3, 1000)],
+                         ids=["soon", "after the upload", "a truncate first"])
+def test_writes_through_the_kernel_after_the_close_reach_every_node(delay, end, local_store,
                                                                      make_mount, tmp_path):
     """The child's writes go straight into the closed version's staging file; the store
     kept the bytes of the parent's close (a fresh node read no C, and the extension was
     lost everywhere but on the writer's node).  Now its release makes them the next
-    version."""
+    version.  A truncate through the child's descriptor first made a version of its own
+    and the writes after it were lost on every node: now it truncates the same file."""
     node = make_mount(local_store, durability="async")
     _kernel_path(node)
     path = node.path / "f.bin"
     done = tmp_path / "child-done"
-    subprocess.run([sys.executable, "-c", FORK_WRITES_ON, str(path), str(delay), str(done)],
-                   check=True)
-    want = b"C" * 100 + b"P" * ((1 << 20) - 100) + b"C" * 100
+    subprocess.run([sys.executable, "-c", FORK_WRITES_ON, str(path), str(delay), str(done),
+                    str(end)], check=True)
+    want = b"C" * 100 + b"P" * (end - 100) + b"C" * 100
     assert eventually(done.exists, timeout=30)
     assert eventually(lambda: node.status()["fuse_requests"].get("release", 0) >= 1,
                       timeout=30)          # the child's release reached the daemon
@@ -419,3 +424,27 @@ def test_a_lingering_reader_does_not_stop_its_node_reading_another_nodes_save(
     run_ckptfs("wait", str(a.path), check=True, timeout=60)
     fresh = make_mount(store, name="fresh")
     assert (fresh.path / "f0").read_bytes() == theirs + b"+"
+
+
+def test_a_truncate_by_name_leaves_a_lingering_readers_bytes(local_store, make_mount):
+    """``truncate(path)`` beside a reader that joined a passthrough save: the new
+    version took over the staging file the kernel reads for that reader and cut it in
+    place (the reader read 10 of its 100 000 bytes).  Now the name moves to a fresh
+    inode first, as for an open for writing."""
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path = node.path / "f0"
+    ours = os.urandom(100_000)
+    with open(path, "wb") as writer:
+        writer.write(ours)
+        writer.flush()
+        reader = open(path, "rb", buffering=0)
+    try:
+        run_ckptfs("wait", str(node.path), check=True, timeout=60)
+        os.truncate(path, 10)
+        assert path.read_bytes() == ours[:10]
+        assert reader.read() == ours
+    finally:
+        reader.close()
+    run_ckptfs("wait", str(node.path), check=True, timeout=60)
+    assert (make_mount(local_store, name="fresh").path / "f0").read_bytes() == ours[:10]

@@ -263,3 +263,27 @@ async def test_an_open_of_another_nodes_save_beside_a_lingering_reader_moves_the
         os.close(backing)
         await a.fs.release(reader.fh)
         assert a.fs.st.ns.maybe_get(old) is None
+
+
+async def test_a_truncate_by_name_beside_a_lingering_reader_leaves_its_bytes(core):
+    """``truncate(path, 10)`` with a passthrough reader of the (uploaded) version still
+    open: the new version took over that version's staging file -- the very file the
+    kernel reads for the reader -- and truncated it in place: the reader read 10 bytes
+    of its 100 000 (a real mount showed it).  Now the truncate moves the name to a fresh
+    inode first (ESTALE, retried by the VFS), as an open for writing does."""
+    data = os.urandom(100_000)
+    old, reader = await _lingering(core, data=data)
+    backing = os.dup(core.fs.backing_fd(reader))     # the kernel's own reference
+    try:
+        with pytest.raises(FsError) as exc:
+            await core.fs.setattr(old, size=10)
+        assert exc.value.errno == errno.ESTALE, exc.value
+        fresh = (await core.fs.lookup(ROOT, b"latest.pt")).ino
+        await core.fs.setattr(fresh, size=10)          # the retry, by name
+        assert os.pread(backing, len(data) + 1, 0) == data, "the reader's bytes"
+        assert await core.load(fresh) == data[:10]
+    finally:
+        os.close(backing)
+        await core.fs.release(reader.fh)
+    await core.fs.wait_idle()
+    assert await core.load((await core.fs.lookup(ROOT, b"latest.pt")).ino) == data[:10]

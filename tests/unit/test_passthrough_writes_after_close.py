@@ -71,3 +71,34 @@ async def test_an_unchanged_file_is_not_published_again(tmp_path: Path):
         await a.fs.release(handle.fh)
         await a.fs.wait_idle()
         assert len([c for c in store.calls if c.op in ("put", "put_if_absent")]) == puts
+
+
+@pytest.mark.parametrize("wait_first", [False, True], ids=["upload pending", "uploaded"])
+async def test_a_truncate_through_the_handle_after_the_close_keeps_the_writes_after_it(
+        tmp_path: Path, wait_first: bool):
+    """The child truncates through the inherited descriptor (a SETATTR with its handle,
+    on the daemon's path), then writes on (through the kernel, into the closed
+    version's staging file).  The truncate made a version of its own from a copy and
+    the writes after it were dropped: ``PPPPPPPPPP`` where the child wrote
+    ``CCCCCPPPPP`` (a real mount showed it).  Now the truncate acts on the file the
+    kernel writes, and the release makes the whole of it the next version."""
+    store = MemoryStore()
+    async with two_cores(tmp_path, store, Config(durability="async",
+                                                 upload_hold=0.0)) as (a, b):
+        a.fs.st.passthrough_available = lambda: True
+        handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
+        with open(path, "r+b") as kernel:
+            kernel.write(CLOSED)
+        await a.fs.flush(handle.fh)                 # the parent's close
+        if wait_first:
+            await a.fs.wait_idle()
+        await a.fs.setattr(inode.ino, size=10, fh=handle.fh)    # the child's ftruncate
+        with open(path, "r+b") as kernel:           # ... its write through the kernel
+            kernel.write(b"C" * 5)
+        await a.fs.release(handle.fh)               # ... and its exit
+        await a.fs.wait_idle()
+        want = b"C" * 5 + CLOSED[5:10]
+        assert await a.load(inode.ino) == want
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        assert await b.load(await b.resolve("f")) == want, "every node has the same bytes"
