@@ -47,12 +47,15 @@ class Recovery:
         closed version at all goes, so nothing unclosed can be published later."""
         self.st.cache.evict_local = self.reads._evict_local_copy
         closed: set[tuple[int, int]] = set()
+        owed: list[int] = []
         for inode in self.st.ns.all_inodes():
             if inode.type != "file":
                 continue
             if inode.dirty or inode.local_copy:
                 if self.st.staging.exists(inode.ino, inode.ver):
                     closed.add((inode.ino, inode.ver))
+                    if inode.dirty:
+                        owed.append(inode.ino)
                     if not inode.dirty:
                         self.st.cache.track_local(inode.ino,
                                                self.st.staging.size(inode.ino, inode.ver))
@@ -73,8 +76,26 @@ class Recovery:
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
+        self._publish_unjournaled(owed)
         self._drop_idle_nameless()
         self.st._recovered.set()
+
+    def _publish_unjournaled(self, owed: list[int]) -> None:
+        """A closed version the store is owed whose publish no record names: a sync
+        close the daemon died in (its upload was the close's own, nothing journaled),
+        or a step that saved the version and would have journaled it next.  Kept and
+        never published, it split the nodes for good (this one showed it, no other
+        did).  Published now, like any closed version."""
+        for ino in owed:
+            inode = self.st.ns.maybe_get(ino)
+            if inode is None or not inode.dirty or not inode.parent or \
+                    ino in self.st.queue.queued or ino in self.st._held_pointers:
+                continue
+            log.warning("%s: a closed version with no publish on record (the daemon "
+                        "stopped in its close): published now",
+                        self.st._path_for_log(inode))
+            with self.st.ns.batch():
+                self.publisher._journal_publish(inode)
 
     def _drop_idle_nameless(self) -> None:
         """A directory kept under no name for this node's work in it (another node moved
