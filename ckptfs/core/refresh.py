@@ -204,7 +204,10 @@ class Refresh:
         local = dict(self.st.ns.children(dir_inode.ino))
         # (before this apply takes entries: a linked inode's object fetched now has a new
         # ETag when another node counted a name out of it -- not a publish of this node)
-        etags_now = {ino: self.st.ns.get(ino).remote_etag for ino in local.values()}
+        # (only for names the store no longer lists: the only ones ``_forget_vanished``
+        # asks about; a listing of a large directory read every child twice before)
+        etags_now = {ino: self.st.ns.get(ino).remote_etag
+                     for name, ino in local.items() if name not in remote}
         if not changed_locally:
             displaced = self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
             for inode, name in displaced:   # its name went to a directory moved here

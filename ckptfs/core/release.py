@@ -57,10 +57,8 @@ class Release:
         if not rt.handles and inode is not None:
             if not inode.parent:
                 self.publisher._delete_inode(inode)
-            elif inode.dirty and inode.ino not in self.st.queue.queued and handle.wrote \
-                    and rt.session is None:
-                # Closed but not yet published (e.g. the publish failed): keep trying.
-                self.publisher._journal_publish(inode)
+            elif handle.wrote:    # closed but not yet published (the publish failed?)
+                self.publisher.keep_trying(inode.ino)
         self.st._drop_rt(handle.ino)
         self.st.leases.settle(handle.ino)
 
@@ -94,17 +92,24 @@ class Release:
         inode.max_ver, inode.ver, inode.size = ver, ver, st.st_size
         inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
         inode.dirty, inode.local_copy = True, True
+        try:
+            with self.st.ns.batch():    # the next version and its pending publish, or neither
+                self.st.ns.save(inode)
+                if self.st._deferred():
+                    self.publisher._journal_publish(inode)
+        except FsError as exc:
+            log.error("%s: written through the kernel after its close, and that could not "
+                      "be recorded as its next version (%s): kept in staging only",
+                      self.st._path_for_log(inode), exc)
+            return
         rt.trackers.pop(old, None)
         self.st.cache.untrack_local(inode.ino)
-        self.st.ns.save(inode)
         self.st._drop_version_if_unused(inode.ino, old)
         self.st.invalidate(inode.ino)
         log.warning("%s: written through the kernel after its close (a descriptor or "
                     "mapping that outlived it): those bytes are its next version",
                     self.st._path_for_log(inode))
-        if self.st._deferred():
-            self.publisher._journal_publish(inode)
-        else:
+        if not self.st._deferred():
             self.st.closing_at_release.add(inode.ino)
             self.st.nursery.start_soon(self._publish_again, inode.ino)
 
@@ -114,9 +119,7 @@ class Release:
         except FsError as exc:
             log.warning("inode %d: publishing the bytes written after its close: %s "
                         "(kept, retried)", ino, exc)
-            inode = self.st.ns.maybe_get(ino)
-            if inode is not None and inode.dirty and ino not in self.st.queue.queued:
-                self.publisher._journal_publish(inode)
+            self.publisher.keep_trying(ino)
         finally:
             self.st.closing_at_release.discard(ino)
 
@@ -147,10 +150,7 @@ class Release:
             except FsError as exc:
                 log.warning("%s: the close decision at its last release: %s",
                             self.st._path_for_log(inode), exc)
-                now = self.st.ns.maybe_get(ino)
-                if now is not None and now.dirty and ino not in self.st.queue.queued and \
-                        rt.session is None:
-                    self.publisher._journal_publish(now)
+                self.publisher.keep_trying(ino)
         finally:
             self.st.closing_at_release.discard(ino)
             self.st._drop_rt(ino)

@@ -27,6 +27,21 @@ CLOSED = b"P" * 40000
 LATER = b"C" * 100
 
 
+async def _closed_through_the_kernel(core, wait_first: bool):
+    """A passthrough save of ``f`` whose writer's close came and whose handle stays
+    (a forked child holds it): the handle, the inode and the staging file's path."""
+    core.fs.st.passthrough_available = lambda: True
+    handle, inode = await core.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, core.me())
+    assert handle.passthrough, "the kernel writes this handle's bytes"
+    path = core.fs.st.staging.path(inode.ino, core.fs.st.runtime[inode.ino].session.ver)
+    with open(path, "r+b") as kernel:           # what the kernel does
+        kernel.write(CLOSED)
+    await core.fs.flush(handle.fh)              # the parent's close
+    if wait_first:
+        await core.fs.wait_idle()
+    return handle, inode, path
+
+
 @pytest.mark.parametrize("extends", [False, True], ids=["in place", "extending"])
 @pytest.mark.parametrize("wait_first", [False, True], ids=["upload pending", "uploaded"])
 async def test_kernel_writes_after_the_close_become_the_next_version(
@@ -34,15 +49,7 @@ async def test_kernel_writes_after_the_close_become_the_next_version(
     store = MemoryStore()
     async with two_cores(tmp_path, store, Config(durability="async",
                                                  upload_hold=0.0)) as (a, b):
-        a.fs.st.passthrough_available = lambda: True
-        handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
-        assert handle.passthrough, "the kernel writes this handle's bytes"
-        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
-        with open(path, "r+b") as kernel:           # what the kernel does
-            kernel.write(CLOSED)
-        await a.fs.flush(handle.fh)                 # the parent's close
-        if wait_first:
-            await a.fs.wait_idle()
+        handle, inode, path = await _closed_through_the_kernel(a, wait_first)
         with open(path, "r+b") as kernel:           # the child writes on
             kernel.seek(len(CLOSED) if extends else 0)
             kernel.write(LATER)
@@ -85,14 +92,7 @@ async def test_a_truncate_through_the_handle_after_the_close_keeps_the_writes_af
     store = MemoryStore()
     async with two_cores(tmp_path, store, Config(durability="async",
                                                  upload_hold=0.0)) as (a, b):
-        a.fs.st.passthrough_available = lambda: True
-        handle, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
-        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
-        with open(path, "r+b") as kernel:
-            kernel.write(CLOSED)
-        await a.fs.flush(handle.fh)                 # the parent's close
-        if wait_first:
-            await a.fs.wait_idle()
+        handle, inode, path = await _closed_through_the_kernel(a, wait_first)
         await a.fs.setattr(inode.ino, size=10, fh=handle.fh)    # the child's ftruncate
         with open(path, "r+b") as kernel:           # ... its write through the kernel
             kernel.write(b"C" * 5)
