@@ -21,7 +21,8 @@ import trio
 
 from ..cluster.leases import LeaseManager
 from ..data.cache import ChunkCache
-from ..data.liveness import ChunkLiveness, GuardedStore
+from ..data.guarded_store import GuardedStore
+from ..data.liveness import ChunkLiveness
 from ..data.publish_queue import PublishQueue
 from ..data.staging import Staging
 from ..data.upload import ChunkUploader, UploadGate
@@ -116,7 +117,8 @@ class Filesystem:
             store, liveness, trio.CapacityLimiter(config.upload_concurrency), ns.chunk_mark,
             slot=upload_gate.slot if config.durability == "async" else None,
             buffers=cache.buffers, chunk_hash=config.chunk_hash)
-        guarded = GuardedStore(store, liveness, lambda: health.marker_lost)
+        guarded = GuardedStore(store, liveness, lambda: health.marker_lost,
+                               lambda: health.marker_watched)
         st = self.st = CoreState(ns, guarded, staging, cache, config, nursery, invalidate,
                                  invalidate_entry, check_complete, liveness, upload_gate,
                                  health, uploader)
@@ -197,6 +199,7 @@ class Filesystem:
                 continue
             if first and not present:
                 return
+            health.marker_watched = True
             first = False
             health.marker_checked(present)
 

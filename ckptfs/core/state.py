@@ -30,7 +30,8 @@ from ..data.upload import ChunkTracker
 if TYPE_CHECKING:
     from ..cluster.leases import LeaseManager
     from ..data.cache import ChunkCache
-    from ..data.liveness import ChunkLiveness, GuardedStore
+    from ..data.guarded_store import GuardedStore
+    from ..data.liveness import ChunkLiveness
     from ..data.publish_queue import PublishQueue
     from ..data.staging import Staging
     from ..data.upload import UploadGate, ChunkUploader

@@ -15,8 +15,9 @@ candidate sets of recent passes.  A writer
   candidates;
 - sends every entry PUT within ``settle / 2`` of reading the state it checked against.
 
-``GuardedStore`` applies the last three rules to every entry PUT of the daemon,
-whichever code path makes it (publish, rename, attribute change, journal replay).
+``GuardedStore`` (guarded_store.py) applies the last three rules to every entry PUT of
+the daemon, whichever code path makes it (publish, rename, attribute change, journal
+replay).
 Blocking; runs in worker threads.  Knows nothing of inodes, FUSE or LMDB.
 """
 
@@ -26,12 +27,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..format.chunkid import sha256_of
 from ..format.remote import chunk_key
-from ..store import BucketMissing, ListedObject, NotFound, ObjectStore, StoreError
+from ..store import NotFound, ObjectStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -299,59 +300,3 @@ def entry_chunks(body: bytes) -> list[str]:
         return [c[0] for c in chunks or () if isinstance(c, list) and c and isinstance(c[0], str)]
     except (ValueError, UnicodeDecodeError, AttributeError):
         return []
-
-
-class GuardedStore:
-    """An ``ObjectStore`` whose entry PUTs first pass ``ChunkLiveness.guard_entry``."""
-
-    def __init__(self, inner: ObjectStore, liveness: ChunkLiveness,
-                 marker_lost: Callable[[], bool] = lambda: False) -> None:
-        self.inner = inner
-        self.liveness = liveness
-        self.marker_lost = marker_lost
-        self.url = inner.url
-
-    def _refuse_without_marker(self, key: str) -> None:
-        """A store that lost its format marker (a bucket deleted under the mount, and
-        re-created empty by the next PUT) gets no entry: publishing stops, loudly
-        (decision 0016)."""
-        if key.startswith(("dirs/", "inodes/")) and self.marker_lost():
-            raise BucketMissing(f"not publishing {key}: the store lost its marker "
-                                f"ckptfs.json (the bucket deleted or emptied?)")
-
-    def _guard(self, key: str, data: bytes) -> None:
-        self._refuse_without_marker(key)
-        if key.startswith(("dirs/", "inodes/")):   # entries and inode objects (0008)
-            chunks = entry_chunks(data)
-            if chunks:
-                self.liveness.guard_entry(chunks)
-
-    def check(self) -> None:
-        self.inner.check()
-
-    def put(self, key: str, data: bytes, sha256: str | None = None, **conditions) -> str:
-        self._guard(key, data)
-        return self.inner.put(key, data, sha256, **conditions)
-
-    def put_if_absent(self, key: str, data: bytes) -> str | None:
-        self._guard(key, data)
-        return self.inner.put_if_absent(key, data)
-
-    def get(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get(key)
-
-    def get_into(self, key: str, buffer) -> tuple[int, str]:
-        return self.inner.get_into(key, buffer)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str) -> Iterator[ListedObject]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str, *args, **conditions) -> None:
-        self._refuse_without_marker(key)
-        self.inner.delete(key, *args, **conditions)
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)

@@ -69,6 +69,7 @@ class StoreHealth:
         # The store lost its format marker under the mount: nothing is published until
         # it is back (an operator restores the bucket), whatever else answers.
         self.marker_lost_since: float | None = None
+        self.marker_watched = False     # the store had its marker at the first look
         self.check_marker = trio.Event()    # set: look for the marker now
 
     def failed(self, exc: BaseException) -> str | None:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ckptfs.cluster.gc import GcConflict, collect
-from ckptfs.data.liveness import (DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState,
-                             GuardedStore)
+from ckptfs.data.guarded_store import GuardedStore
+from ckptfs.data.liveness import DELETING, GC_STATE_KEY, MARKING, ChunkLiveness, GcState
 from ckptfs.data.upload import ChunkUploader
 from ckptfs.format.chunkid import chunk_id, chunk_ok
 from ckptfs.format.remote import Entry, chunk_key, entry_key, removed_key
