@@ -56,6 +56,7 @@ class Abandon:
                 self.st._touch_dir(parent)
                 self._stale_entries.append((parent, name))
             self._drop_names(inode)
+        self.st.end_session(inode.ino, rt)     # its readers: the version before
         self.st.invalidate(inode.ino)
 
     def _drop_names(self, inode: Inode) -> None:

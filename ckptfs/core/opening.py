@@ -15,7 +15,6 @@ import trio
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..procstat import Opener
-from .chunkmap import ChunkMap
 from .critical import no_await
 from .state import PAGE_VERSIONS_KEPT, PASSTHROUGH_MIN_FREE, CoreState, Handle, Runtime
 from .write import WritePath
@@ -58,16 +57,10 @@ class Opening:
             assert session is not None, "a writable open joins a session first"
             session.handles.add(handle.fh)
         elif rt.session is None:
-            handle.snapshot = self._version_of(inode)
+            handle.snapshot = self.st.version_of(inode)
             if handle.snapshot[0] == "staging":
                 self.st._ref(rt, handle.snapshot[1])
         return handle
-
-    def _version_of(self, inode: Inode) -> tuple:
-        """The closed version a reader opening now gets."""
-        if inode.dirty or inode.local_copy:
-            return ("staging", inode.ver)
-        return ("chunks", ChunkMap(inode.chunks), inode.size)
 
     async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
         """A new handle, with the page-cache flags the kernel gets for it
@@ -99,7 +92,7 @@ class Opening:
             return True
         inode = self.st.ns.maybe_get(ino)
         return inode is not None and \
-            self._version_of(inode) != ("staging", rt.passthrough_ver)
+            self.st.version_of(inode) != ("staging", rt.passthrough_ver)
 
     async def wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
         """An open of ``ino`` while the kernel still reads it through a closed version's

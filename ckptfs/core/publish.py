@@ -220,7 +220,7 @@ class Publish:
                 session.closed_stat = (st.st_size, st.st_mtime_ns)
             except (OSError, FsError):
                 pass
-        rt.session = None
+        self.st.end_session(inode.ino, rt)
         session.tracker.closed = True   # chunks read from now on are the closed bytes
         rt.trackers[session.ver] = session.tracker
         if old is not None and old != session.ver:
@@ -229,7 +229,7 @@ class Publish:
 
     def _end_session_unchanged(self, inode: Inode, rt: Runtime, session: Session) -> None:
         """Opened for writing, nothing written: the closed version stays as it was."""
-        rt.session = None
+        self.st.end_session(inode.ino, rt)
         self.st.staging.remove(inode.ino, session.ver)
         self.abandoning.restore_size(inode)
 

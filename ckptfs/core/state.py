@@ -26,6 +26,7 @@ from ..meta.namespace import Inode, Namespace
 from ..procstat import MountTables, Opener, died_unclean
 from ..format.profiles import Profiles
 from ..data.upload import ChunkTracker
+from .chunkmap import ChunkMap
 
 if TYPE_CHECKING:
     from ..cluster.leases import LeaseManager
@@ -431,6 +432,29 @@ class CoreState:
             return self.ns.path_of(inode.ino).decode(errors="replace")
         except FsError:
             return f"<inode {inode.ino}>"
+
+    @staticmethod
+    def version_of(inode: Inode) -> tuple:
+        """The closed version a reader opening ``inode`` now gets (``Handle.snapshot``)."""
+        if inode.dirty or inode.local_copy:
+            return ("staging", inode.ver)
+        return ("chunks", ChunkMap(inode.chunks), inode.size)
+
+    def end_session(self, ino: int, rt: Runtime) -> None:
+        """The write session of ``ino`` is over (closed, ended unchanged, abandoned):
+        readers that opened during it, reading it live, keep the version the file has
+        now -- the next save, here or from another node, must not reach them (a reader
+        keeps its version).  Call once the inode names that version."""
+        rt.session = None
+        inode = self.ns.maybe_get(ino)
+        if inode is None:
+            return
+        for handle in filter(None, map(self.handles.get, rt.handles)):
+            if handle.writable or handle.snapshot[0] != "live":
+                continue
+            handle.snapshot = self.version_of(inode)
+            if handle.snapshot[0] == "staging":
+                self._ref(rt, handle.snapshot[1])
 
     def _ref(self, rt: Runtime, ver: int) -> None:
         rt.refs[ver] = rt.refs.get(ver, 0) + 1

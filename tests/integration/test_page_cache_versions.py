@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 
-from support.mounts import eventually
+import pytest
+
+from support.mounts import eventually, run_ckptfs
 
 SIZE = 256 << 10
 
@@ -82,3 +84,33 @@ def test_dropped_staging_pages_of_a_rewritten_chunk_lose_nothing(local_store, ma
     assert eventually(lambda: (fresh.path / "model.bin").exists())
     assert (fresh.path / "model.bin").read_bytes() == data
     assert (a.path / "model.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("durability,passthrough", [("sync", "auto"), ("async", "off")],
+                         ids=["sync", "async, daemon path"])
+def test_a_reader_opened_during_a_save_keeps_it_past_the_next_save(
+        durability, passthrough, local_store, make_mount):
+    """On the daemon's path a reader that opened while the save was written read it
+    live -- and after its close, the next save too (a hostile run: 650 003 bytes
+    became 700 001 on the same descriptor)."""
+    a = make_mount(local_store, name="a", durability=durability,
+                   extra=("--passthrough", passthrough, "--metadata-ttl", "0.2"))
+    b = make_mount(local_store, name="b", durability=durability,
+                   extra=("--passthrough", passthrough, "--metadata-ttl", "0.2"))
+    first, second = os.urandom(650_003), os.urandom(700_001)
+    with open(a.path / "f", "wb") as writer:
+        writer.write(first)
+        writer.flush()
+        reader = os.open(a.path / "f", os.O_RDONLY)
+    try:
+        assert os.pread(reader, 1 << 20, 0) == first
+        if durability == "async":
+            run_ckptfs("wait", str(a.path), check=True, timeout=60)
+        assert eventually(lambda: (b.path / "f").exists())
+        (b.path / "f").write_bytes(second)
+        if durability == "async":
+            run_ckptfs("wait", str(b.path), check=True, timeout=60)
+        assert eventually(lambda: (a.path / "f").read_bytes() == second)
+        assert os.pread(reader, 1 << 20, 0) == first, "the reader keeps its version"
+    finally:
+        os.close(reader)
