@@ -70,6 +70,11 @@ class MetaLog:
         self.pending: dict[int, dict] = {}
         self.busy: Counter[int] = Counter()
         self.failing: dict[int, str] = {}     # seq -> last error, while retried
+        # seq -> what the store (or this node) refuses about it: no retry will change
+        # that, an operator must (``ckptfs wait`` answers at once, later records wait)
+        self.refused: dict[int, str] = {}
+        self.tries = 0                       # failed attempts so far (any record)
+        self._try_now = trio.Event()         # set: end the back-off of a refused record
         self.dropped = 0
         raw = ns.meta_get(ALIASES_KEY)
         self.aliases: dict[str, str] = json.loads(raw) if raw else {}
@@ -171,18 +176,39 @@ class MetaLog:
         (never dropped: the rule of decision 0016)."""
         if self.pending.get(seq, {}).pop("retry_now", False):
             return      # changed to be tried again at once (a conflict renamed it)
+        self.tries += 1
         outage = self.health.failed(exc)
         delay = self.policy.delay(attempt)
+        refused = outage is None and (is_refusal(exc) or store_cause(exc) is None)
+        if refused:
+            self.refused[seq] = f"{describe(record)}: {exc}"
+        else:
+            self.refused.pop(seq, None)
         if seq not in self.failing:
-            if outage is None and (is_refusal(exc) or store_cause(exc) is None):
+            if refused:
                 log.error("%s cannot be applied (%s); kept journaled and retried every "
                           "%.0f s at most, later records wait: needs an operator",
                           describe(record), exc, self.policy.max_delay)
             else:
                 log.warning("%s waits for the store (%s); retrying every %.0f s at most",
                             describe(record), exc, self.policy.max_delay)
-        self.failing[seq] = str(exc)
-        await trio.sleep(delay)
+        self.failing[seq] = f"needs an operator (retried every {self.policy.max_delay:.0f} s " \
+            f"at most): {exc}" if refused else str(exc)
+        with trio.move_on_after(delay):
+            await self._try_now.wait()
+        self._try_now = trio.Event()
+
+    async def try_refused_again(self, timeout: float = 15.0) -> None:
+        """The record the store refused is tried again now, not at the end of its
+        back-off (an operator may have fixed the store: ``ckptfs wait`` asks before it
+        says so); returns once that attempt ended, or after ``timeout``."""
+        if not self.refused:
+            return
+        seq, tries = next(iter(self.refused)), self.tries
+        self._try_now.set()
+        with trio.move_on_after(timeout):
+            while self.tries == tries and seq in self.pending:
+                await trio.sleep(0.02)
 
     def update(self, seq: int, record: dict) -> None:
         """Change a pending record (a conflict renamed what it creates), in the journal
@@ -193,6 +219,7 @@ class MetaLog:
     def _finish(self, seq: int) -> None:
         record = self.pending.pop(seq)
         self.failing.pop(seq, None)
+        self.refused.pop(seq, None)
         self.ns.journal_done(seq)
         self.busy.subtract(record.get("dirs", ()))
         self.busy = +self.busy
@@ -201,9 +228,12 @@ class MetaLog:
 
 
 def describe(record: dict) -> str:
-    try:
-        name = bytes.fromhex(str(record.get("name", ""))).decode(errors="replace")
-    except ValueError:
-        name = str(record.get("name"))
-    return f"{record.get('kind', '?')} of {name!r} (inode {record.get('ino')})"
+    """``move of 'tmp-1' to 'ckpt-1' (inode 2)``: a record as the log says it."""
+    def name(field: str) -> str:
+        try:
+            return repr(bytes.fromhex(str(record.get(field, ""))).decode(errors="replace"))
+        except ValueError:
+            return repr(str(record.get(field)))
+    to = f" to {name('to_name')}" if "to_name" in record else ""
+    return f"{record.get('kind', '?')} of {name('name')}{to} (inode {record.get('ino')})"
 

@@ -360,7 +360,20 @@ class ControlServer:
             top = await self._resolve(path, peer, 0, send)
             if top is None:
                 return
+        asked_again = False
         while active := self._unfinished_under(top):
+            if fs.oplog.refused and any(seq < 0 for seq in active) and not asked_again:
+                asked_again = True              # (the store may be fixed by now)
+                await fs.oplog.try_refused_again()
+                continue
+            if fs.oplog.refused and any(seq < 0 for seq in active):
+                # The log applies records in order: the rest wait behind the refused one.
+                await send({"error": f"{sum(seq < 0 for seq in active)} metadata "
+                                     f"record(s) wait for one the store refuses, kept "
+                                     f"journaled and retried: needs an operator: "
+                                     f"{next(iter(fs.oplog.refused.values()))}",
+                            **host.pending(active if top.ino != ROOT_INO else None)})
+                return
             await send(host.pending(active if top.ino != ROOT_INO else None))
             with trio.move_on_after(1):
                 await fs.wait_idle()

@@ -241,6 +241,37 @@ def test_a_refused_upload_waits_for_an_operator_and_shows_in_status(local_store,
     assert (fresh(make_mount, local_store).path / "refused").read_bytes() == b"v2"
 
 
+@pytest.mark.expect_log_errors(r"injected fault", r"needs an operator")
+def test_a_refused_metadata_record_makes_wait_answer_at_once(local_store, make_mount,
+                                                             tmp_path):
+    """A rename the store refuses (a 4xx about the request): ``ckptfs wait`` blocked
+    for good and said nothing, where a refused upload answers at once (a hostile run).
+    Now it answers non-zero at once, naming the record; the record is kept and lands
+    once the store takes it."""
+    control = tmp_path / "faults.json"
+    control.write_text(json.dumps({"rules": []}))
+    mnt = make_mount(local_store, durability="async", faults={"control_file": str(control)})
+    (mnt.path / "tmp-1").mkdir()
+    (mnt.path / "tmp-1" / "model.bin").write_bytes(b"w" * 1000)
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=60)
+    control.write_text(json.dumps({"rules": [{"op": "put", "prefix": "dirs/",
+                                              "kind": "permanent"},
+                                             {"op": "put_if_absent", "prefix": "dirs/",
+                                              "kind": "permanent"}]}))
+    os.rename(mnt.path / "tmp-1", mnt.path / "ckpt-1")
+    started = time.monotonic()
+    proc = run_ckptfs("wait", str(mnt.path), timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode != 0 and took < 20, (proc.returncode, took, proc.stderr)
+    assert "needs an operator" in proc.stderr and "ckpt-1" in proc.stderr, proc.stderr
+    failing = mnt.status()["fs"]["failing_metadata"]
+    assert len(failing) == 1 and "needs an operator" in next(iter(failing.values())), \
+        "kept, never dropped, and said so"
+    control.write_text(json.dumps({"rules": []}))
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=400)
+    assert sorted(os.listdir(fresh(make_mount, local_store).path)) == ["ckpt-1"]
+
+
 @pytest.mark.expect_log_errors(r"failed after \d+ attempts: injected transient fault")
 def test_deleted_file_leaves_no_failing_upload(local_store, make_mount, tmp_path):
     control = tmp_path / "faults.json"
