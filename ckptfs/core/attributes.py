@@ -244,6 +244,9 @@ class Attributes:
             except OSError as exc:
                 raise FsError(exc.errno or errno.EIO,
                               f"truncate to {size}: {exc.strerror}") from None
+            inode.size = size      # (the kernel takes the file's size from the answer)
+            inode.mtime_ns = inode.ctime_ns = time.time_ns()
+            self.st.ns.save(inode)
             return
         if size == inode.size and not inode.dirty:
             return

@@ -229,9 +229,9 @@ class Publish:
 
     def _end_session_unchanged(self, inode: Inode, rt: Runtime, session: Session) -> None:
         """Opened for writing, nothing written: the closed version stays as it was."""
-        self.st.end_session(inode.ino, rt)
         self.st.staging.remove(inode.ino, session.ver)
         self.abandoning.restore_size(inode)
+        self.st.end_session(inode.ino, rt)      # (its readers: at the restored size)
 
     def _journal_publish(self, inode: Inode) -> None:
         if inode.ino in self.st._held_pointers:

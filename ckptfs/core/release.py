@@ -88,7 +88,6 @@ class Release:
             log.warning("%s: written through the kernel after its close, and that could "
                         "not become its next version: %s", self.st._path_for_log(inode), exc)
             return
-        session.closed_stat = (st.st_size, st.st_mtime_ns)
         inode.max_ver, inode.ver, inode.size = ver, ver, st.st_size
         inode.mtime_ns = max(inode.mtime_ns, st.st_mtime_ns)
         inode.dirty, inode.local_copy = True, True
@@ -98,10 +97,14 @@ class Release:
                 if self.st._deferred():
                     self.publisher._journal_publish(inode)
         except FsError as exc:
+            # (the second name goes: its number is handed out again, and a new version
+            # under it must not start in the closed version's file)
+            self.st.staging.remove(inode.ino, ver)
             log.error("%s: written through the kernel after its close, and that could not "
                       "be recorded as its next version (%s): kept in staging only",
                       self.st._path_for_log(inode), exc)
             return
+        session.closed_stat = (st.st_size, st.st_mtime_ns)
         rt.trackers.pop(old, None)
         self.st.cache.untrack_local(inode.ino)
         self.st._drop_version_if_unused(inode.ino, old)

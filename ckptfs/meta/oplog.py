@@ -179,13 +179,15 @@ class MetaLog:
         self.tries += 1
         outage = self.health.failed(exc)
         delay = self.policy.delay(attempt)
-        refused = outage is None and (is_refusal(exc) or store_cause(exc) is None)
-        if refused:
+        stuck = outage is None and (is_refusal(exc) or store_cause(exc) is None)
+        # (for ``wait``: what only an operator changes -- the store refusing the request,
+        # or a record blocked behind a refused upload; not a race another try may win)
+        if outage is None and (is_refusal(exc) or isinstance(exc, Blocked)):
             self.refused[seq] = f"{describe(record)}: {exc}"
         else:
             self.refused.pop(seq, None)
         if seq not in self.failing:
-            if refused:
+            if stuck:
                 log.error("%s cannot be applied (%s); kept journaled and retried every "
                           "%.0f s at most, later records wait: needs an operator",
                           describe(record), exc, self.policy.max_delay)
@@ -193,7 +195,7 @@ class MetaLog:
                 log.warning("%s waits for the store (%s); retrying every %.0f s at most",
                             describe(record), exc, self.policy.max_delay)
         self.failing[seq] = f"needs an operator (retried every {self.policy.max_delay:.0f} s " \
-            f"at most): {exc}" if refused else str(exc)
+            f"at most): {exc}" if stuck else str(exc)
         with trio.move_on_after(delay):
             await self._try_now.wait()
         self._try_now = trio.Event()

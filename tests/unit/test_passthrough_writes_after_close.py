@@ -11,12 +11,14 @@ closed version, published like any other."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from ckptfs.core import Config
+from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
 from support.core import WRITE_NEW, two_cores
@@ -102,3 +104,44 @@ async def test_a_truncate_through_the_handle_after_the_close_keeps_the_writes_af
         assert await a.load(inode.ino) == want
         await b.fs.refresh_dir(ROOT_INO, force=True)
         assert await b.load(await b.resolve("f")) == want, "every node has the same bytes"
+
+
+@pytest.mark.parametrize("wait_first", [False, True], ids=["pending", "uploaded"])
+async def test_an_ftruncate_through_a_closed_passthrough_handle_answers_the_new_size(
+        tmp_path: Path, wait_first: bool):
+    """(A review, stop 44.)  The truncate cut the staging file to 10 bytes and answered 40 000 (the kernel
+    takes the file's size from that answer: fstat and SEEK_END saw the old size)."""
+    async with two_cores(tmp_path, MemoryStore(),
+                         Config(durability="async", upload_hold=0.0)) as (a, _):
+        handle, inode, path = await _closed_through_the_kernel(a, wait_first)
+        answered = await a.fs.setattr(inode.ino, size=10, fh=handle.fh)
+        assert (os.stat(path).st_size, answered.size, a.fs.getattr(inode.ino).size) == \
+            (10, 10, 10)
+        await a.fs.release(handle.fh)
+
+
+async def test_a_failed_record_of_writes_after_the_close_leaves_no_second_name(
+        tmp_path: Path):
+    """(A review, stop 44.)  The record of the next version failed (a full state dir): the hard link made for
+    it stayed, its version number was handed out again, and the next session's copy
+    opened that name with "wb" -- truncating the closed version's file: 1 byte left."""
+    async with two_cores(tmp_path, MemoryStore(),
+                         Config(durability="async", upload_hold=0.0)) as (a, _):
+        handle, inode, path = await _closed_through_the_kernel(a, False)
+        with open(path, "r+b") as kernel:           # the child writes on
+            kernel.write(LATER)
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+
+        def full(_inode) -> None:
+            raise FsError(errno.ENOSPC, "state dir full (injected)")
+        a.fs.publisher._journal_publish = full      # inside the release's batch
+        await a.fs.release(handle.fh)               # must not raise
+        del a.fs.publisher._journal_publish
+        writer = await a.fs.open(inode.ino, os.O_RDWR, a.me())
+        await a.fs.write(writer.fh, 0, b"X")
+        await a.fs.flush(writer.fh)
+        await a.fs.release(writer.fh)
+        await a.fs.wait_idle()
+        got = await a.load(inode.ino)
+        assert (got[:1], len(got)) == (b"X", len(CLOSED))

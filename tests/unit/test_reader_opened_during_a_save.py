@@ -8,12 +8,14 @@ if it changed nothing."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from ckptfs.core import Config
+from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
 from support.core import WRITE_NEW, Core, two_cores
@@ -67,3 +69,28 @@ async def test_a_reader_opened_during_a_save_that_changed_nothing_keeps_the_vers
         await a.save(ROOT_INO, b"f", THIRD)
         assert await _read_all(a, reader.fh) == FIRST
         await a.fs.release(reader.fh)
+
+
+async def test_a_reader_of_a_truncate_that_failed_is_pinned_to_the_restored_size(
+        tmp_path: Path):
+    """(A review, stop 44.)  A truncate by name whose commit fails ends its session unchanged; a reader that
+    opened during it was pinned before the size was restored: 5 bytes of 50 000."""
+    data = b"D" * 50_000
+    async with two_cores(tmp_path, MemoryStore(),
+                         Config(durability="async", upload_hold=0.0)) as (a, b):
+        await a.save(ROOT_INO, b"f", data)
+        await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        ino = await b.resolve("f")
+        box = {}
+
+        def failing_commit(inode, rt, session, size) -> None:
+            # a reader opens while the truncate's session is open
+            box["reader"] = b.fs.opening._new_handle(b.fs.st.ns.get(ino), b.me(), False)
+            raise FsError(errno.ENOSPC, "state dir full (injected)")
+        b.fs.publisher._commit = failing_commit
+        with pytest.raises(FsError):
+            await b.fs.setattr(ino, size=5)
+        del b.fs.publisher._commit
+        assert len(await b.fs.read(box["reader"].fh, 0, 1 << 20)) == len(data)
+        await b.fs.release(box["reader"].fh)
