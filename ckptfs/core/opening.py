@@ -121,30 +121,36 @@ class Opening:
 
     @no_await
     def _fresh_inode_for_name(self, ino: int) -> bool:
-        """Give the name of ``ino`` a fresh inode showing the same saved version (the
-        store changes nothing: its entry is the fresh inode's now); the old inode lives
-        on, nameless, for the passthrough readers that hold it and goes with their
-        release.  Only for a file that owes the store nothing and has one name: False
-        otherwise.  The kernel finds the fresh inode: an open answers ESTALE, and steps
-        that reach the old one through a dentry it kept answer ESTALE too
-        (``CoreState.moved_away``)."""
+        """Give the names of ``ino`` a fresh inode showing the same saved version (the
+        store changes nothing: its entries are the fresh inode's now -- a hard-linked
+        file's names all move, still one linked file); the old inode lives on,
+        nameless, for the passthrough readers that hold it and goes with their release.
+        Only for a file that owes the store nothing: False otherwise.  The kernel finds
+        the fresh inode: an open answers ESTALE, and steps that reach the old one
+        through a dentry it kept answer ESTALE too (``CoreState.moved_away``)."""
         inode = self.st.ns.maybe_get(ino)
         rt = self.st.runtime.get(ino)
         if inode is None or inode.type != "file" or not inode.parent or \
-                not inode.published or inode.dirty or inode.link_id or inode.aliases or \
+                not inode.published or inode.dirty or inode.links_pending or \
                 inode.held or inode.attrs_unsent or inode.unsure or \
                 ino in self.st.queue.queued or self.st._locked(ino) or \
                 (rt is not None and rt.session is not None) or \
                 any(r.get("ino") == ino for r in self.st.oplog.pending.values()):
             return False
-        parent, name = inode.parent, inode.name
+        (parent, name), others = inode.names[0], inode.names[1:]
+        link_id, remote_nlink = inode.link_id, inode.remote_nlink
         with self.st.ns.batch():
-            self.st.ns.unlink(inode)      # here only: the store's entry stays as it is
-            self.st.ns.new_inode(parent, name, "file", inode.mode, inode.uid, inode.gid,
-                                 size=inode.published_size, chunks=list(inode.chunks),
-                                 published=True, remote_etag=inode.remote_etag,
-                                 mtime_ns=inode.mtime_ns, xattrs=dict(inode.xattrs),
-                                 save_id=inode.save_id)
+            self.st.ns.unlink(inode, all_names=True)  # here only: the store stays as it is
+            inode.link_id, inode.remote_nlink = None, 0     # (nameless: no linked file)
+            self.st.ns.save(inode)
+            fresh = self.st.ns.new_inode(
+                parent, name, "file", inode.mode, inode.uid, inode.gid,
+                size=inode.published_size, chunks=list(inode.chunks), published=True,
+                remote_etag=inode.remote_etag, mtime_ns=inode.mtime_ns,
+                xattrs=dict(inode.xattrs), save_id=inode.save_id, link_id=link_id,
+                remote_nlink=remote_nlink)
+            for other_parent, other_name in others:
+                self.st.ns.add_name(fresh, other_parent, other_name)
         self.st.moved_away[ino] = None
         while len(self.st.moved_away) > MOVED_AWAY_KEPT:
             self.st.moved_away.popitem(last=False)
@@ -153,7 +159,8 @@ class Opening:
                  "name moves to a fresh inode for the next save",
                  name.decode(errors="replace"))
         if self.st.invalidate_entry is not None:
-            self.st.nursery.start_soon(self.st.invalidate_entry, parent, name)
+            for where, what in ((parent, name), *others):
+                self.st.nursery.start_soon(self.st.invalidate_entry, where, what)
         return True
 
     def decide_passthrough(self, handle: Handle, fresh: bool) -> None:

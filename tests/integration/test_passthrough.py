@@ -448,3 +448,30 @@ def test_a_truncate_by_name_leaves_a_lingering_readers_bytes(local_store, make_m
         reader.close()
     run_ckptfs("wait", str(node.path), check=True, timeout=60)
     assert (make_mount(local_store, name="fresh").path / "f0").read_bytes() == ours[:10]
+
+
+def test_a_linked_file_with_a_lingering_reader_takes_the_next_save(local_store, make_mount):
+    """A hard-linked file whose uploaded version a passthrough reader still reads: its
+    next save was refused with EBUSY for as long as the reader stayed open (only a file
+    with one name could move to a fresh inode).  Now all its names move together."""
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    path, link = node.path / "latest.pt", node.path / "latest.lnk"
+    ours, theirs = os.urandom(100_000), os.urandom(60_000)
+    with open(path, "wb") as writer:
+        writer.write(ours)
+        writer.flush()
+        reader = open(path, "rb", buffering=0)
+    try:
+        os.link(path, link)
+        run_ckptfs("wait", str(node.path), check=True, timeout=60)
+        with open(path, "wb") as writer:
+            writer.write(theirs)
+        assert link.read_bytes() == theirs and os.stat(link).st_nlink == 2
+        assert reader.read() == ours
+    finally:
+        reader.close()
+    run_ckptfs("wait", str(node.path), check=True, timeout=60)
+    fresh = make_mount(local_store, name="fresh")
+    assert (fresh.path / "latest.lnk").read_bytes() == theirs
+    assert os.stat(fresh.path / "latest.pt").st_nlink == 2

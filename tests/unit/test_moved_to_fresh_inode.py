@@ -287,3 +287,39 @@ async def test_a_truncate_by_name_beside_a_lingering_reader_leaves_its_bytes(cor
         await core.fs.release(reader.fh)
     await core.fs.wait_idle()
     assert await core.load((await core.fs.lookup(ROOT, b"latest.pt")).ino) == data[:10]
+
+
+async def test_a_linked_file_moves_with_all_its_names(core):
+    """A hard-linked file with a lingering reader: its names could not move (only a
+    file with one name did), so every save of it -- and every open of a newer version
+    from another node -- was refused with EBUSY for as long as the reader stayed open,
+    although its version was long in the store (a hostile run).  Now all its names move
+    to the fresh inode together, still one linked file."""
+    old, reader = await _lingering(core, data=b"a" * 5000)
+    backing = os.dup(core.fs.backing_fd(reader))
+    await core.fs.link(old, ROOT, b"latest.lnk")
+    with trio.fail_after(10):
+        await core.fs.wait_idle()
+    try:
+        await _estale(core, old)
+        fresh = (await core.fs.lookup(ROOT, b"latest.pt")).ino
+        assert fresh != old and (await core.fs.lookup(ROOT, b"latest.lnk")).ino == fresh
+        assert core.fs.getattr(fresh).nlink == 2
+        writer = await core.fs.open(fresh, TRUNC, core.me())
+        await core.fs.write(writer.fh, 0, b"c" * 100)
+        await core.fs.flush(writer.fh)
+        await core.fs.release(writer.fh)
+        assert os.pread(backing, 6000, 0) == b"a" * 5000, "the reader keeps its version"
+    finally:
+        os.close(backing)
+        await core.fs.release(reader.fh)
+    with trio.fail_after(10):
+        await core.fs.wait_idle()
+    assert core.fs.st.ns.maybe_get(old) is None
+    for name in ("latest.pt", "latest.lnk"):
+        assert await core.load((await core.fs.lookup(ROOT, name.encode())).ino) == b"c" * 100
+    async with open_core(core.fs.st.staging.root.parent / "other", core.store,
+                         _config()) as fs:
+        other = Core(fs, core.store)
+        assert await other.load(await other.resolve("latest.lnk")) == b"c" * 100
+        assert fs.getattr(await other.resolve("latest.pt")).nlink == 2
