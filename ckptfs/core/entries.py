@@ -320,8 +320,8 @@ class EntryIO:
         """The store's entry for a name this node has, checked to be the same object
         (a directory with the same id, an entry of the same type, a link to the same
         inode object; with ``allow_link`` any link, for an inode not linked here yet)."""
-        try:
-            body, etag = await self._store(self.st.store.get, key)
+        try:     # (a 404 here finishes a rename, seal or attribute record: asked twice)
+            body, etag = await self._store(self.st.store.get_confirmed, key)
         except NotFound:
             self.st._touch_dir(inode.parent)
             raise FsError.enoent(f"{key} was renamed or removed by another node") from None

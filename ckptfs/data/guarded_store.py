@@ -5,11 +5,12 @@ an entry's absence is an answer only when it is sure.
 
 An absence decides things that cannot be undone: the metadata log finishes a rename,
 seal or removal whose entry is not where this node left it ("another node moved or
-removed it first"), and a listing forgets names the store no longer has.  So a 404 of an
-entry (``dirs/``, ``inodes/``) is looked at twice -- a store or a proxy in front of it may
-answer one 404 for an object it holds -- and while the marker is known to be gone no
-entry read or listing counts as an answer at all: an emptied bucket says nothing about
-what another node did, and the records wait for the operator's restore.
+removed it first"), and a listing forgets names the store no longer has.  So such a
+read of an entry (``get_confirmed``) asks again after a 404 -- a store or a proxy in
+front of it may answer one 404 for an object it holds; a 404 of an entry is an outage,
+not an answer, once the store's marker is gone; and while the marker is known to be
+gone no entry read or listing counts as an answer at all: an emptied bucket says
+nothing about what another node did, and the records wait for the operator's restore.
 
 Blocking; runs in worker threads.  Knows nothing of inodes, FUSE or LMDB."""
 
@@ -72,25 +73,31 @@ class GuardedStore:
         try:
             return self.inner.get(key)
         except NotFound:
-            if not key.startswith(ENTRY_PREFIXES):
-                raise
-        return self._second_look(key)
-
-    def _second_look(self, key: str) -> tuple[bytes, str]:
-        """A 404 of an entry: asked again, and the marker looked for (a store that lost
-        it answers for an emptied bucket, not for what another node did)."""
-        self._refuse_without_marker(key)
-        try:
-            found = self.inner.get(key)
-        except NotFound:
-            if self.marker_watched() and not self.inner.exists(FORMAT_KEY):
-                raise BucketMissing(f"{key} not found, and neither is the store's marker "
-                                    f"{FORMAT_KEY} (the bucket deleted or emptied?)") \
-                    from None
+            if key.startswith(ENTRY_PREFIXES):
+                self._marker_or_raise(key)
             raise
+
+    def get_confirmed(self, key: str) -> tuple[bytes, str]:
+        """``get`` for a read whose 404 finishes something for good (a record of the
+        metadata log taken as "another node moved or removed it"): a 404 is asked
+        again.  (Not for listings: there a 404 between a LIST and its GETs is a fact of
+        that moment, and a second look would mix two moments.)"""
+        try:
+            return self.get(key)
+        except NotFound:
+            pass
+        found = self.get(key)
         log.warning("the store answered 404 for %s, then had it: the first answer is "
                     "not taken", key)
         return found
+
+    def _marker_or_raise(self, key: str) -> None:
+        """After a 404 of an entry: an outage, not an answer, if the store has lost its
+        marker (it answers for an emptied bucket, not for what another node did)."""
+        self._refuse_without_marker(key)
+        if self.marker_watched() and not self.inner.exists(FORMAT_KEY):
+            raise BucketMissing(f"{key} not found, and neither is the store's marker "
+                                f"{FORMAT_KEY} (the bucket deleted or emptied?)")
 
     def get_into(self, key: str, buffer) -> tuple[int, str]:
         return self.inner.get_into(key, buffer)
