@@ -88,7 +88,8 @@ class EntryMoves:
 
     async def _move_once(self, inode: Inode, old_key: str, new_key: str, seals: bool,
                          give_way: bool, expect: set[str] | None = None) -> Entry | None:
-        claim_etag, found = await self.claim(inode, old_key, new_key, found_ok=True)
+        claim_etag, found = await self.claim(inode, old_key, new_key, found_ok=True,
+                                             give_way=give_way)
         found.moving_to, found.moving_at = None, 0.0
         # Another file where this one's name was (one of them hard-linked): moved as is.
         foreign = found if bool(inode.link_id) != (found.type == "link") else None
@@ -137,7 +138,7 @@ class EntryMoves:
         return replaced
 
     async def claim(self, inode: Inode, old_key: str, new_key: str,
-                    found_ok: bool = False) -> tuple[str, Entry]:
+                    found_ok: bool = False, give_way: bool = False) -> tuple[str, Entry]:
         """Steps 1-2 of decision 0006: read the entry at ``old_key``, adopt a newer
         version, and mark it as moving to ``new_key`` (compare-and-swap).  Returns the
         claim's ETag and the entry to move: the inode's own -- or, where another node's
@@ -148,12 +149,18 @@ class EntryMoves:
         for _ in range(8):
             entry, etag = await self.entries._current_entry(inode, old_key,
                                                             allow_link=found_ok)
-            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and \
-                    entry.moving_to != new_key:
-                # A live claim to the same new key is this rename's own, cut short by a
-                # crash and replayed from the log (or another node's identical rename:
-                # either way the outcome is the same).
-                raise FsError.enoent(f"{old_key} is being renamed by another node")
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+                if entry.moving_to != new_key:
+                    raise FsError.enoent(f"{old_key} is being renamed by another node")
+                # A live claim to the same new key: another node's identical rename, or
+                # this one's own, cut short by a crash and replayed from the log.  The
+                # other rename goes first (``give_way``: a pause, then again -- it is
+                # gone then, and this one lost the race); only the last attempt takes
+                # the claim over.  Taken over at once, the other rename's delete of the
+                # old name failed on the new claim, and when this one then gave way
+                # further on, both names stayed in the store for one directory.
+                if give_way:
+                    raise CrossingRename()
             found = bool(inode.link_id) != (entry.type == "link")   # another file's
             if found and not found_ok:
                 raise FsError.enoent(f"{old_key} now names another file")
