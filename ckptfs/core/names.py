@@ -114,10 +114,10 @@ class Names:
         dir_id = uuid.uuid4().hex
         if not self.st._deferred():
             return await self._mkdir_in_store(parent_inode, name, mode, uid, gid, dir_id)
-        if not self.st.oplog.pending:
+        if not self.st.oplog.pending and not self.refresher.store_slow():
             # Async mode with nothing journaled ahead: try the store first, briefly, so
-            # two nodes making one directory share it from the start (their leases
-            # then guard its seal); local-first if the store does not answer.
+            # two nodes making one directory share it from the start (their leases then
+            # guard its seal); local-first if the store does not answer (or cannot now).
             try:
                 with trio.move_on_after(self.st.config.stale_wait):
                     return await self._mkdir_in_store(parent_inode, name, mode, uid, gid,

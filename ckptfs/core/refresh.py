@@ -84,16 +84,23 @@ class Refresh:
             if error is not None:
                 raise FsError(error.errno, error.reason)
             return
-        # One wait per slow listing, not one per request: once a refresh has been
-        # pending for ``stale_wait``, later requests answer at once.
+        # One wait per slow store, not one per request or per directory: once a refresh
+        # has been pending for ``stale_wait``, later requests answer at once -- in every
+        # directory while any listing is that slow (a hang: no answer will come soon).
         waited = trio.current_time() - self._refresh_started.get(ino, trio.current_time())
-        with trio.move_on_after(max(0.0, self.st.config.stale_wait - waited)):
+        wait = 0.0 if self.store_slow() else self.st.config.stale_wait - waited
+        with trio.move_on_after(max(0.0, wait)):
             await event.wait()
             return
         if not self._serving_stale:
             log.warning("the store is slow to list %s: answering from this node's metadata "
                         "(said once)", self.st._path_for_log(inode))
         self._serving_stale.add(ino)
+
+    def store_slow(self) -> bool:
+        """A listing has waited past ``stale_wait`` and not answered yet: the store is
+        slow right now (a request that would wait for it goes on without)."""
+        return bool(self._serving_stale)
 
     async def _refresh_in_background(self, ino: int, event: trio.Event) -> None:
         try:
