@@ -72,6 +72,14 @@ class Recovery:
             self.abandoning.restore_size(inode)
         for ino, ver in self.st.staging.versions():
             if (ino, ver) not in closed:
+                known = self.st.ns.maybe_get(ino)
+                if known is not None and known.type == "file" and ver < known.ver:
+                    # A closed version a later save replaced (a reader or an upload held
+                    # it): nothing reads it after a restart.  Versions only grow, so an
+                    # unclosed one is never older than the closed one.
+                    log.debug("staging version %d.%d, replaced: dropped", ino, ver)
+                    self.st.staging.remove(ino, ver)
+                    continue
                 kept = self.st.staging.abandon(ino, ver)
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
