@@ -534,10 +534,13 @@ class Model:
     def needs_store(self, op: tuple) -> bool:
         """Whether async mode's ``op`` goes to the store at once, not through the
         metadata log: a hard link, the rename of a name of a hard-linked file or over
-        one (README, "POSIX for the tools around training")."""
+        one, the unlink of a name of a hard-linked file (README, "POSIX for the tools
+        around training")."""
         kind, path, *args = op
         if kind == "link":
             return True
+        if kind == "unlink":
+            return self.fid_at(path) is not None and self.files[self.fid_at(path)].linked
         if kind != "rename":
             return False
         return any(self.fid_at(p) is not None and self.files[self.fid_at(p)].linked

@@ -811,6 +811,10 @@ class ModelMachine(RuleBasedStateMachine):
         path = self.pick(data, options, "path")
         if path is None:
             return
+        if self.fault is not None and self.model.needs_store(("unlink", path)):
+            # (soak seed 1215472: the unlink of a linked name in a hang answered EIO)
+            self.store_step_in_outage(m, ("unlink", path), f"unlink {path}")
+            return
         self.note(f"{'AB'[m]}: unlink {path}")
         os.unlink(self.abs(m, path))
         assert self.model.unlink(path) == 0
@@ -840,7 +844,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def store_step_in_outage(self, m: int, op: tuple, text: str) -> None:
         """Async, during a store fault, a step that goes to the store at once (a hard
-        link, the rename of a hard-linked name): it succeeds, or answers EIO (or
+        link, the rename or unlink of a hard-linked name): it succeeds, or answers EIO (or
         ETIMEDOUT) and nothing changed -- on this node now, in the store and on every
         node after the outage (README: "else EIO and nothing changed")."""
         self.note(f"{'AB'[m]}: {text} (store away)")
@@ -853,8 +857,8 @@ class ModelMachine(RuleBasedStateMachine):
         else:
             self.note(f"{'AB'[m]}:   ... ok")
             assert self.model.apply(op) == 0
-            fid = self.model.fid_at(op[2])     # the new name: a link's or a rename's
-            if fid is not None:
+            fid = self.model.fid_at(op[2]) if len(op) > 2 else None   # the new name:
+            if fid is not None:                                      # a link's, a rename's
                 self.fault_saved.setdefault(m, set()).add(fid)
         self.check(m)
 
