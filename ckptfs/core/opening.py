@@ -90,9 +90,9 @@ class Opening:
             return rt.session.ver != rt.passthrough_ver
         if writable:
             return True
-        inode = self.st.ns.maybe_get(ino)
-        return inode is not None and \
-            self.st.version_of(inode) != ("staging", rt.passthrough_ver)
+        inode = self.st.ns.maybe_get(ino)     # (``CoreState.version_of``, unbuilt)
+        return inode is not None and not (
+            (inode.dirty or inode.local_copy) and inode.ver == rt.passthrough_ver)
 
     async def wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
         """An open of ``ino`` while the kernel still reads it through a closed version's

@@ -247,14 +247,16 @@ class Publish:
             self.writes.closed(size)
         self.st.ns.after_commit(submit)
 
-    def keep_trying(self, ino: int) -> None:
+    def keep_trying(self, ino: int) -> bool:
         """A closed version still owed to the store with no publish queued (its publish
         failed, or nobody waits for its close): journal its publish, retried until it
-        lands.  An open write session's close decides instead."""
+        lands; whether it did.  An open write session's close decides instead."""
         inode, rt = self.st.ns.maybe_get(ino), self.st.runtime.get(ino)
-        if inode is not None and inode.dirty and ino not in self.st.queue.queued and \
-                (rt is None or rt.session is None):
-            self._journal_publish(inode)
+        if inode is None or not inode.dirty or ino in self.st.queue.queued or \
+                ino in self.st._held_pointers or (rt is not None and rt.session is not None):
+            return False
+        self._journal_publish(inode)
+        return True
 
     async def publish_now(self, ino: int) -> None:
         """Upload a closed version's chunks and write its entry; on failure, queue a

@@ -96,14 +96,14 @@ class Recovery:
         did).  Published now, like any closed version."""
         for ino in owed:
             inode = self.st.ns.maybe_get(ino)
-            if inode is None or not inode.dirty or not inode.parent or \
-                    ino in self.st.queue.queued or ino in self.st._held_pointers:
+            if inode is None or not inode.parent:
                 continue
-            log.warning("%s: a closed version with no publish on record (the daemon "
-                        "stopped in its close): published now",
-                        self.st._path_for_log(inode))
             with self.st.ns.batch():
-                self.publisher._journal_publish(inode)
+                journaled = self.publisher.keep_trying(ino)
+            if journaled:
+                log.warning("%s: a closed version with no publish on record (the daemon "
+                            "stopped in its close): published now",
+                            self.st._path_for_log(inode))
 
     def _drop_idle_nameless(self) -> None:
         """A directory kept under no name for this node's work in it (another node moved

@@ -7,8 +7,8 @@ An absence decides things that cannot be undone: the metadata log finishes a ren
 seal or removal whose entry is not where this node left it ("another node moved or
 removed it first"), and a listing forgets names the store no longer has.  So such a
 read of an entry (``get_confirmed``) asks again after a 404 -- a store or a proxy in
-front of it may answer one 404 for an object it holds; a 404 of an entry is an outage,
-not an answer, once the store's marker is gone; and while the marker is known to be
+front of it may answer one 404 for an object it holds -- and then looks for the store's
+marker: gone, the 404 is an outage, not an answer; and while the marker is known to be
 gone no entry read or listing counts as an answer at all: an emptied bucket says
 nothing about what another node did, and the records wait for the operator's restore.
 
@@ -74,7 +74,7 @@ class GuardedStore:
             return self.inner.get(key)
         except NotFound:
             if key.startswith(ENTRY_PREFIXES):
-                self._marker_or_raise(key)
+                self._refuse_without_marker(key)
             raise
 
     def get_confirmed(self, key: str) -> tuple[bytes, str]:
@@ -86,7 +86,11 @@ class GuardedStore:
             return self.get(key)
         except NotFound:
             pass
-        found = self.get(key)
+        try:
+            found = self.get(key)
+        except NotFound:
+            self._marker_or_raise(key)
+            raise
         log.warning("the store answered 404 for %s, then had it: the first answer is "
                     "not taken", key)
         return found

@@ -362,11 +362,11 @@ class ControlServer:
                 return
         asked_again = False
         while active := self._unfinished_under(top):
-            if fs.oplog.refused and any(seq < 0 for seq in active) and not asked_again:
-                asked_again = True              # (the store may be fixed by now)
-                await fs.oplog.try_refused_again()
-                continue
             if fs.oplog.refused and any(seq < 0 for seq in active):
+                if not asked_again:
+                    asked_again = True          # (the store may be fixed by now)
+                    await fs.oplog.try_refused_again()
+                    continue
                 # The log applies records in order: the rest wait behind the refused one.
                 await send({"error": f"{sum(seq < 0 for seq in active)} metadata "
                                      f"record(s) wait for one the store refuses, kept "
