@@ -62,8 +62,14 @@ class EntryIO:
         return self._content_entry(inode)
 
     def _content_entry(self, inode: Inode) -> Entry:
+        """The entry of the closed version: the content and size published, and --
+        while a save of the file is open here -- the mtime that version closed with
+        (a write session's times are this node's until its close: a rename, a chmod or
+        an older version's publish meanwhile sent them before, with the old bytes)."""
+        mtime = inode.closed_mtime_ns if inode.closed_mtime_ns is not None else \
+            inode.mtime_ns
         return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
-                     mtime_ns=inode.mtime_ns,
+                     mtime_ns=mtime,
                      size=inode.published_size if inode.type == "file" else 0,
                      chunks=list(inode.chunks),
                      id=inode.dir_id, target=inode.target,
