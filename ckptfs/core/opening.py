@@ -226,11 +226,14 @@ class Opening:
         return self.st.staging.fd(handle.ino, rt.passthrough_ver)
 
     def live_size(self, inode: Inode) -> Inode:
-        """``inode`` with the size and mtime of its staging file while passthrough handles
-        write it (the daemon sees no writes; the kernel's is the staging file's)."""
+        """``inode`` with the size and mtime of its staging file while the kernel writes
+        it, or wrote it and the close is not decided yet (the daemon sees no writes; the
+        kernel's is the staging file's): between a last release and the close decision
+        it passed on, the size the daemon had seen was none at all."""
         rt = self.st.runtime.get(inode.ino)
-        if rt is not None and rt.passthrough and rt.session is not None \
-                and rt.session.ver == rt.passthrough_ver:
+        if rt is not None and rt.session is not None and (
+                rt.session.through_kernel or
+                (rt.passthrough and rt.session.ver == rt.passthrough_ver)):
             try:
                 st = os.fstat(self.st.staging.fd(inode.ino, rt.session.ver))
             except (OSError, FsError):

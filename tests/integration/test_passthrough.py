@@ -475,3 +475,32 @@ def test_a_linked_file_with_a_lingering_reader_takes_the_next_save(local_store, 
     fresh = make_mount(local_store, name="fresh")
     assert (fresh.path / "latest.lnk").read_bytes() == theirs
     assert os.stat(fresh.path / "latest.pt").st_nlink == 2
+
+
+EXIT_HOLDING_TWICE = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+again = os.open(sys.argv[1], os.O_RDWR)
+data = memoryview(sys.stdin.buffer.read())
+while data:
+    data = data[os.write(fd, data):]
+os._exit(0)
+"""
+
+
+def test_a_file_saved_by_a_process_that_exits_holding_it_twice_reads_whole_at_once(
+        local_store, make_mount):
+    """Soak seed 1215482: the exit flushes both descriptors before either release; the
+    close decision comes after the last release, in the background.  A reader that
+    opened right after the exit read an empty file about one time in twenty (the
+    daemon's size was the bytes it had seen written: none, the kernel wrote them).
+    Thirty saves, each read at once."""
+    node = make_mount(local_store, durability="async")
+    _kernel_path(node)
+    for i in range(30):
+        data = os.urandom(140_000)
+        path = node.path / f"f{i}"
+        subprocess.run([sys.executable, "-c", EXIT_HOLDING_TWICE, str(path)], input=data,
+                       check=True)
+        assert path.read_bytes() == data, f"save {i} read back wrong"
+    run_ckptfs("wait", str(node.path), check=True)

@@ -145,3 +145,35 @@ async def test_a_failed_record_of_writes_after_the_close_leaves_no_second_name(
         await a.fs.wait_idle()
         got = await a.load(inode.ino)
         assert (got[:1], len(got)) == (b"X", len(CLOSED))
+
+
+# Soak seed 1215482 (async, a real mount; about one run in twenty): a process saved a
+# new file through the kernel and exited holding it twice -- both flushes, then both
+# releases, and the close decision left to the last release, in the background.  In
+# that moment the daemon answered the size it had seen written (none: the kernel wrote
+# every byte) instead of the staging file's, and a reader opening then read an empty
+# file, a version nobody saved.
+async def test_between_the_last_release_and_its_close_decision_the_file_shows_its_bytes(
+        tmp_path: Path):
+    store = MemoryStore()
+    async with two_cores(tmp_path, store, Config(durability="async",
+                                                 upload_hold=0.0)) as (a, b):
+        a.fs.st.passthrough_available = lambda: True
+        first, inode = await a.fs.create(ROOT_INO, b"f", 0o644, WRITE_NEW, 0, 0, a.me())
+        second = await a.fs.open(inode.ino, os.O_RDWR, a.me())
+        assert first.passthrough and second.passthrough
+        path = a.fs.st.staging.path(inode.ino, a.fs.st.runtime[inode.ino].session.ver)
+        with open(path, "r+b") as kernel:
+            kernel.write(CLOSED)
+        await a.fs.flush(first.fh)              # the exit: both flushes first,
+        await a.fs.flush(second.fh)
+        await a.fs.release(first.fh)            # then both releases
+        await a.fs.release(second.fh)
+        assert inode.ino in a.fs.st.closing_at_release, "(the decision is still to come)"
+        assert a.fs.getattr(inode.ino).size == len(CLOSED)
+        reader = await a.fs.open(inode.ino, os.O_RDONLY, a.me())
+        assert await a.fs.read(reader.fh, 0, len(CLOSED) + 1) == CLOSED
+        await a.fs.release(reader.fh)
+        await a.fs.wait_idle()
+        assert a.fs.getattr(inode.ino).size == len(CLOSED)
+        assert await b.load(await b.resolve("f")) == CLOSED
