@@ -1,8 +1,11 @@
 """A model test of two nodes at core level: two ``Filesystem`` instances over ONE
 in-memory store (each its own namespace, staging and cache), driven by random programs
 of saves, overwrites, renames, unlinks, mkdirs and rmdirs on either node, of files
-opened and held open (never closed yet) that are renamed, renamed over, unlinked and
-closed later, of readers held open across steps (each reads the version it opened,
+opened and held open (never closed yet; new ones, or closed ones opened with
+``O_TRUNC``) that are renamed, renamed over, unlinked and closed later, of chmods and
+utimes (every node shows the same mode and mtime of each closed file, the ones set
+since, and while a file is held open for writing the mtime its closed version had:
+soak seed 1215482), of readers held open across steps (each reads the version it opened,
 and shows no name the other node moved away: soak seed 1215394), and of a node stopped
 where it is and started again on its state (nothing open on it; its async journal may
 be pending), in sync and async durability.  The FUSE model test (tests/integration/test_model.py) affords a few
@@ -89,6 +92,10 @@ class Writer:
     vid: int
     size: int
     held: tuple[int, int] | None = None   # the closed version other nodes see at path
+    # opened with O_TRUNC over a closed file of its own: that version (``held``) and
+    # its attributes move with the file's renames until the close
+    trunc: bool = False
+    mode: int | None = None     # a chmod of a new file held open: its close shows it
 
 
 @dataclass
@@ -112,6 +119,29 @@ class Model:
     # The names of each hard-linked file: one set per file that was ever linked (a file
     # left with one name stays a linked file, its entry a link to its inode object).
     links: list[set[str]] = field(default_factory=list)
+    # Attributes set by chmod and utime that every node must show (a path's entry goes
+    # where its file goes; a save's close sets a new mtime, which the nodes must only
+    # agree on).
+    modes: dict[str, int] = field(default_factory=dict)
+    mtimes: dict[str, int] = field(default_factory=dict)
+
+    def move_attrs(self, src: str, dst: str) -> None:
+        for known in (self.modes, self.mtimes):
+            known.pop(dst, None)
+            if src in known:
+                known[dst] = known.pop(src)
+
+    def drop_attrs(self, path: str) -> None:
+        self.modes.pop(path, None)
+        self.mtimes.pop(path, None)
+
+    def remap_attrs(self, src: str, dst: str) -> None:
+        """Directory ``src`` is ``dst`` now."""
+        for known in (self.modes, self.mtimes):
+            moved = {(dst + p[len(src):] if p.startswith(src + "/") else p): v
+                     for p, v in known.items()}
+            known.clear()
+            known.update(moved)
 
     def linked_with(self, path: str) -> set[str]:
         """Every name of the file at ``path`` (just ``path`` if it has one)."""
@@ -210,6 +240,14 @@ step = st.one_of(
     # a reader opens the k-th closed file and holds it; a reader reads all and closes
     st.tuples(st.just("read_open"), st.integers(0, 1), st.integers(0, 7)),
     st.tuples(st.just("read_close"), st.integers(0, 1), st.integers(0, 3)),
+    # an existing closed file opened with O_TRUNC and held (nothing written until its
+    # close, which writes a new version of the size drawn)
+    st.tuples(st.just("trunc"), st.integers(0, 1), st.integers(0, 7),
+              st.sampled_from(SIZES)),
+    # chmod or utime of the k-th name the node may act on (a closed file, or one it
+    # holds open)
+    st.tuples(st.just("attr"), st.integers(0, 1), st.integers(0, 7),
+              st.sampled_from(["chmod", "utime"]), st.integers(0, 3)),
     # a node stops (a crash at its next await) and starts again on its state
     st.tuples(st.just("restart"), st.integers(0, 1)),
     # a hard link to the k-th closed file under a new name
@@ -254,8 +292,10 @@ class Run:
         await self.switch_to(n)
         node, m = self.nodes[n], self.model
         fs: Filesystem = node.fs
-        if kind in ("open", "close"):
+        if kind in ("open", "close", "trunc"):
             await self.do_writer(op)
+        elif kind == "attr":
+            await self.do_attr(op)
         elif kind in ("read_open", "read_close"):
             await self.do_reader(op)
         elif kind == "restart":
@@ -291,6 +331,7 @@ class Run:
                                       version_bytes(self.vid, size))
                 for path in m.linked_with(join(d, name)):   # a save writes the linked file
                     m.files[path] = (self.vid, size)
+                    m.mtimes.pop(path, None)                # (its close's time)
                 await self.check_read(node, join(d, name), ino)
         elif kind == "link":
             names = sorted(m.files)
@@ -301,6 +342,9 @@ class Run:
                 src = names[op[2] % len(names)]
                 await fs.link(await node.resolve(src), await node.resolve(d), name.encode())
                 m.files[dst] = m.files[src]
+                for known in (m.modes, m.mtimes):
+                    if src in known:
+                        known[dst] = known[src]
                 group = m.linked_with(src)
                 if group not in m.links:
                     m.links.append(group)
@@ -326,7 +370,13 @@ class Run:
                                 await node.resolve(dst_dir), dst_name.encode(), 0)
                 if replaced is not None:              # an unclosed file renamed over
                     replaced.path = None
-                if moving is not None:                # it leaves the name it held
+                if moving is not None and moving.trunc:
+                    # Its closed version's entry moves with it (over whatever dst was).
+                    moving.path = dst
+                    m.files.pop(dst, None)
+                    m.unname(dst)
+                    m.move_attrs(src, dst)
+                elif moving is not None:                # it leaves the name it held
                     moving.path = dst
                     linked = m.is_linked(dst)
                     moving.held = m.files.pop(dst, None) or \
@@ -336,11 +386,14 @@ class Run:
                         # (decision 0008): no closed version is held under it.
                         moving.held = None
                     m.unname(dst)
+                    m.drop_attrs(src)       # (the other nodes see dst's old entry)
+                    m.drop_attrs(dst)
                 elif src in m.linked_with(dst) and src != dst:
                     pass        # two names of one file: rename(2) does nothing
                 else:
                     m.files[dst] = m.files.pop(src)
                     m.rename_name(src, dst)
+                    m.move_attrs(src, dst)
                     await self.check_read(node, dst, await node.resolve(dst))
                 if replaced is not None:
                     replaced.held = None
@@ -350,6 +403,7 @@ class Run:
                 writer = m.writer_at(path)
                 d, name = parent_of(path)
                 await fs.unlink(await node.resolve(d), name.encode())
+                m.drop_attrs(path)
                 if writer is not None:
                     writer.path, writer.held = None, None
                 else:
@@ -375,6 +429,7 @@ class Run:
                            for p, v in m.files.items()}
                 m.links = [{(dst + p[len(src):] if p.startswith(src + "/") else p)
                             for p in g} for g in m.links]
+                m.remap_attrs(src, dst)
                 for w in m.writers:
                     if w.path is not None and w.path.startswith(src + "/"):
                         w.path = dst + w.path[len(src):]
@@ -388,6 +443,8 @@ class Run:
         m = self.model
         if m.writers or m.links:
             return                    # the race is about closed files with one name each
+        m.modes.clear()     # (the serial orders below do not follow attributes)
+        m.mtimes.clear()
         for node in self.nodes:
             await node.fs.wait_idle()
         for node in self.nodes:
@@ -619,6 +676,19 @@ class Run:
                 self.vid += 1
                 m.writers.append(Writer(n, handle.fh, path, self.vid, size))
             return
+        if op[0] == "trunc":
+            names = [p for p in sorted(m.files) if not m.is_linked(p)]
+            if names:
+                path = names[op[2] % len(names)]
+                ino = await node.resolve(path)
+                # (the closed version keeps its mtime while the file is open: every
+                # node shows it until the close)
+                m.mtimes.setdefault(path, node.fs.getattr(ino).mtime_ns)
+                handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
+                self.vid += 1
+                m.writers.append(Writer(n, handle.fh, path, self.vid, op[3],
+                                        held=m.files.pop(path), trunc=True))
+            return
         mine = [w for w in m.writers if w.node == n]
         if not mine:
             return
@@ -635,7 +705,42 @@ class Run:
         m.writers.remove(w)
         if w.path is not None:
             m.files[w.path] = (w.vid, w.size)
+            m.mtimes.pop(w.path, None)      # (its close's time)
+            if w.mode is not None:
+                m.modes[w.path] = w.mode
             await self.check_read(node, w.path, await node.resolve(w.path))
+
+    async def do_attr(self, op: tuple) -> None:
+        """chmod or utime on node ``n`` of a closed file or one it holds open; a
+        linked file's every name shows it."""
+        n, node, m = op[1], self.nodes[op[1]], self.model
+        path = self.existing(n, op[2])
+        if path is None:
+            return
+        ino = await node.resolve(path)
+        writer = m.writer_at(path)
+        if writer is not None and not writer.trunc:
+            # A new file held open: other nodes see what its name held before (if
+            # anything) until its close, which shows the mode (and a new mtime).
+            if op[3] == "chmod":
+                writer.mode = (0o600, 0o640, 0o644, 0o755)[op[4]]
+                await node.fs.setattr(ino, mode=writer.mode)
+            else:
+                await node.fs.setattr(ino, mtime_ns=1_600_000_000_000_000_000 + op[4])
+            return
+        if op[3] == "chmod":
+            mode = (0o600, 0o640, 0o644, 0o755)[op[4]]
+            await node.fs.setattr(ino, mode=mode)
+            for p in m.linked_with(path):
+                m.modes[p] = mode
+        else:
+            self.vid += 1       # (a time no other step gave)
+            mtime = 1_700_000_000_000_000_000 + self.vid * 1000 + op[4]
+            await node.fs.setattr(ino, mtime_ns=mtime)
+            for p in m.linked_with(path):
+                m.mtimes[p] = mtime
+        assert node.fs.getattr(ino).mode & 0o7777 == m.modes.get(path, node.fs.getattr(
+            ino).mode & 0o7777)
 
     async def do_reader(self, op: tuple) -> None:
         """read_open: open the k-th closed file for reading and hold it; read_close: read
@@ -678,8 +783,36 @@ class Run:
             nlinks = {p: node.fs.getattr(await node.resolve(p)).nlink for p in self.model.files}
             assert nlinks == {p: len(self.model.linked_with(p)) for p in self.model.files}, \
                 (f"node {'ab'[i]}: link counts", self.model.links)
+        await self.check_attributes()
         for r in list(self.model.readers):     # held open through it all
             await self.finish_reader(r)
+
+    async def check_attributes(self) -> None:
+        """Every node shows the same mode and mtime for each closed file, and those a
+        chmod or utime set since (a file held open for writing: the closed version the
+        other node sees)."""
+        m = self.model
+        seen: list[dict[str, tuple[int, int]]] = []
+        for node in self.nodes:
+            attrs = {}
+            for p in m.files:
+                a = node.fs.getattr(await node.resolve(p))
+                attrs[p] = (a.mode & 0o7777, a.mtime_ns)
+            seen.append(attrs)
+        assert seen[0] == seen[1], ("nodes disagree on attributes", seen)
+        for p, (mode, mtime) in seen[0].items():
+            assert mode == m.modes.get(p, mode), (p, oct(mode), oct(m.modes[p]))
+            assert mtime == m.mtimes.get(p, mtime), (p, mtime, m.mtimes[p])
+        for w in m.writers:
+            if w.path is None or w.held is None or not w.trunc:
+                continue
+            other = self.nodes[1 - w.node]
+            a = other.fs.getattr(await other.resolve(w.path))
+            assert a.mode & 0o7777 == m.modes.get(w.path, a.mode & 0o7777), \
+                ("a file held open: its closed version's mode", w.path)
+            assert a.mtime_ns == m.mtimes.get(w.path, a.mtime_ns), \
+                ("a file held open: its closed version's mtime", w.path, a.mtime_ns,
+                 m.mtimes[w.path])
 
     def expected(self, node: int) -> dict[str, object]:
         tree: dict[str, object] = {d: "dir" for d in self.model.dirs if d}
