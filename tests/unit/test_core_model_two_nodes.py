@@ -8,7 +8,10 @@ since, and while a file is held open for writing the mtime its closed version ha
 soak seed 1215482), of readers held open across steps (each reads the version it opened,
 and shows no name the other node moved away: soak seed 1215394), and of a node stopped
 where it is and started again on its state (nothing open on it; its async journal may
-be pending), in sync and async durability.  The FUSE model test (tests/integration/test_model.py) affords a few
+be pending), in sync and async durability, with or without FUSE passthrough (``support/kernel.py``
+plays the kernel: a passthrough handle's bytes go to its staging file unseen, the
+kernel's one-backing-file rule is checked at every open, and the size right after a
+writer's last release must be the bytes it wrote).  The FUSE model test (tests/integration/test_model.py) affords a few
 dozen examples; without FUSE this one runs hundreds.
 
 A program switches nodes only after the node it leaves is idle and the node it enters
@@ -27,6 +30,7 @@ Knows the façade's public methods and tests/support; nothing behind the façade
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import random
@@ -48,6 +52,7 @@ from ckptfs.errors import FsError
 from ckptfs.store import MemoryStore
 from ckptfs.store.memory import Call
 from support.core import WRITE_NEW, Core, open_core
+from support.kernel import KernelCore
 from support.watchdog import Watchdog
 
 CS = 16 << 10
@@ -580,8 +585,7 @@ class Run:
         if step[0] != "close":
             return step
         d, name = parent_of(step[1])
-        handle, _ = await node.fs.create(await node.resolve(d), name.encode(), 0o644,
-                                         WRITE_NEW, 0, 0, node.me())
+        handle, _ = await node.create(await node.resolve(d), name.encode(), 0o644, WRITE_NEW)
         return (*step, handle.fh)
 
     def _serial(self, first: tuple, second: tuple
@@ -626,9 +630,9 @@ class Run:
                 await node.save(await node.resolve(d), name.encode(),
                                 version_bytes(*step[2]))
             elif step[0] == "close":
-                await fs.write(step[3], 0, version_bytes(*step[2]))
+                await node.write(step[3], 0, version_bytes(*step[2]))
                 await fs.flush(step[3])
-                await fs.release(step[3])
+                await node.release(step[3])
             elif step[0] == "unlink":
                 d, name = parent_of(step[1])
                 await fs.unlink(await node.resolve(d), name.encode())
@@ -671,8 +675,8 @@ class Run:
             path = join(d, name)
             if d in m.dirs and path not in m.dirs and path not in m.files \
                     and not m.writer_at(path):
-                handle, _ = await node.fs.create(await node.resolve(d), name.encode(), 0o644,
-                                                 WRITE_NEW, 0, 0, node.me())
+                handle, _ = await node.create(await node.resolve(d), name.encode(), 0o644,
+                                              WRITE_NEW)
                 self.vid += 1
                 m.writers.append(Writer(n, handle.fh, path, self.vid, size))
             return
@@ -684,7 +688,7 @@ class Run:
                 # (the closed version keeps its mtime while the file is open: every
                 # node shows it until the close)
                 m.mtimes.setdefault(path, node.fs.getattr(ino).mtime_ns)
-                handle = await node.fs.open(ino, os.O_WRONLY | os.O_TRUNC, node.me())
+                handle = await node.open(ino, os.O_WRONLY | os.O_TRUNC)
                 self.vid += 1
                 m.writers.append(Writer(n, handle.fh, path, self.vid, op[3],
                                         held=m.files.pop(path), trunc=True))
@@ -695,13 +699,13 @@ class Run:
         w = mine[op[2] % len(mine)]
         fhs = [w.fh]
         if len(op) > 3 and op[3] and w.path is not None:
-            again = await node.fs.open(node.fs.st.handles[w.fh].ino, os.O_RDWR, node.me())
+            again = await node.open(node.fs.st.handles[w.fh].ino, os.O_RDWR)
             fhs.append(again.fh)
-        await node.fs.write(w.fh, 0, version_bytes(w.vid, w.size))
+        await node.write(w.fh, 0, version_bytes(w.vid, w.size))
         for fh in fhs:
             await node.fs.flush(fh)
         for fh in fhs:
-            await node.fs.release(fh)
+            await node.release(fh)
         m.writers.remove(w)
         if w.path is not None:
             m.files[w.path] = (w.vid, w.size)
@@ -752,7 +756,7 @@ class Run:
             if not names or len(m.readers) >= MAX_READERS:
                 return
             path = names[op[2] % len(names)]
-            handle = await node.fs.open(await node.resolve(path), os.O_RDONLY, node.me())
+            handle = await node.open(await node.resolve(path), os.O_RDONLY)
             m.readers.append(Reader(n, handle.fh, path, *m.files[path]))
             return
         mine = [r for r in m.readers if r.node == n]
@@ -760,9 +764,9 @@ class Run:
             await self.finish_reader(mine[op[2] % len(mine)])
 
     async def finish_reader(self, r: Reader) -> None:
-        fs = self.nodes[r.node].fs
-        data = await fs.read(r.fh, 0, r.size + 1)
-        await fs.release(r.fh)
+        node = self.nodes[r.node]
+        data = await node.read(r.fh, 0, r.size + 1)
+        await node.release(r.fh)
         self.model.readers.remove(r)
         assert data == version_bytes(r.vid, r.size), \
             ("a reader of", r.path, "node", "ab"[r.node], len(data), r.vid, r.size)
@@ -848,10 +852,12 @@ class Run:
 
 
 async def run_program(base: Path, durability: str, program: list[tuple],
-                      ttl: float = 0.0) -> Run:
+                      ttl: float = 0.0, *, kernel: bool = False) -> Run:
     """``ttl``: the metadata TTL.  0: every lookup lists again and waits for it; above
     0, a lookup in a directory the node changed within it lists in the background and
-    goes on (the window where a listing begins after the step that started it)."""
+    goes on (the window where a listing begins after the step that started it).
+    ``kernel``: the nodes use FUSE passthrough where the core chooses it (async mode),
+    its bytes read and written as the kernel would (``support/kernel.py``)."""
     store = MemoryStore(gate_limit=30)
     config = Config(durability=durability, chunk_size=CS, metadata_ttl=ttl,
                     stale_wait=0.5)
@@ -863,8 +869,14 @@ async def run_program(base: Path, durability: str, program: list[tuple],
         stop, done = trio.Event(), trio.Event()
         try:
             async with open_core(base / "ab"[i], store, config) as fs:
-                task_status.started((Core(fs, store), stop, done))
-                await stop.wait()
+                core = KernelCore(fs, store)
+                if kernel:
+                    core.use_passthrough()
+                task_status.started((core, stop, done))
+                try:
+                    await stop.wait()
+                finally:
+                    core.close_all()
         finally:
             done.set()
 
@@ -902,12 +914,13 @@ async def run_program(base: Path, durability: str, program: list[tuple],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(durability=st.sampled_from(["sync", "async"]),
        program=st.lists(step, min_size=6, max_size=40),
-       ttl=st.sampled_from([0.0, 0.02]))
+       ttl=st.sampled_from([0.0, 0.02]), kernel=st.booleans())
 def test_two_nodes_over_one_store_converge_and_never_show_a_torn_file(
-        tmp_path, caplog, durability, program, ttl):
+        tmp_path, caplog, durability, program, ttl, kernel):
     caplog.clear()
     with tempfile.TemporaryDirectory(dir=tmp_path) as base:
-        trio.run(run_program, Path(base), durability, program, ttl)
+        trio.run(functools.partial(run_program, kernel=kernel), Path(base), durability,
+                 program, ttl)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors          # a legitimate program logs no error
 
@@ -915,13 +928,16 @@ def test_two_nodes_over_one_store_converge_and_never_show_a_torn_file(
 @settings(max_examples=EXAMPLES // 2, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(durability=st.sampled_from(["sync", "async"]),
-       program=st.lists(st.one_of(save_step, race_step, race_step), min_size=4, max_size=16))
-def test_two_nodes_racing_end_in_one_serial_order(tmp_path, caplog, durability, program):
+       program=st.lists(st.one_of(save_step, race_step, race_step), min_size=4, max_size=16),
+       kernel=st.booleans())
+def test_two_nodes_racing_end_in_one_serial_order(tmp_path, caplog, durability, program,
+                                                  kernel):
     """Races more often than the program above draws them: saves, then steps on both
     nodes at once (found: two nodes renaming two names onto each other kept both)."""
     caplog.clear()
     with tempfile.TemporaryDirectory(dir=tmp_path) as base:
-        trio.run(run_program, Path(base), durability, program, 0.0)
+        trio.run(functools.partial(run_program, kernel=kernel), Path(base), durability,
+                 program, 0.0)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
 
@@ -1002,13 +1018,16 @@ def test_a_node_restarted_with_its_journal_pending_converges(tmp_path, caplog):
 # The close step whose process exits holding the file twice (flushes before releases),
 # alone: the last release decides the close the flushes passed on (decision 0005's
 # addendum of stop 43; all four failed with the release abandoning it).
+# With passthrough (``kernel``, soak seed 1215482): right after the last release the
+# daemon answered the size it had seen written -- none, the kernel wrote every byte.
 @pytest.mark.parametrize("durability", ["sync", "async"])
 @pytest.mark.parametrize("in_dir", ["", "d0"])
+@pytest.mark.parametrize("kernel", [False, True], ids=["daemon", "kernel"])
 def test_a_close_at_an_exit_holding_the_file_twice_lands(tmp_path, caplog, durability,
-                                                           in_dir):
+                                                           in_dir, kernel):
     program = [("mkdir", 0, "d0"), ("open", 0, in_dir, "f0", 2 * CS + 1),
                ("close", 0, 0, True), ("save", 1, "", "f2", 100)]
-    trio.run(run_program, tmp_path, durability, program)
+    trio.run(functools.partial(run_program, kernel=kernel), tmp_path, durability, program)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
 
