@@ -8,11 +8,12 @@ since, and while a file is held open for writing the mtime its closed version ha
 soak seed 1215482), of readers held open across steps (each reads the version it opened,
 and shows no name the other node moved away: soak seed 1215394), and of a node stopped
 where it is and started again on its state (nothing open on it; its async journal may
-be pending), in sync and async durability, with or without FUSE passthrough (``support/kernel.py``
-plays the kernel: a passthrough handle's bytes go to its staging file unseen, the
-kernel's one-backing-file rule is checked at every open, and the size right after a
-writer's last release must be the bytes it wrote).  The FUSE model test (tests/integration/test_model.py) affords a few
-dozen examples; without FUSE this one runs hundreds.
+be pending), in sync and async durability, with or without FUSE passthrough
+(``support/kernel.py`` plays the kernel: a passthrough handle's bytes go to its
+staging file unseen, the kernel's one-backing-file rule is checked at every open, and
+the size right after a writer's last release must be the bytes it wrote).  The FUSE
+model test (tests/integration/test_model.py) affords a few dozen examples; without
+FUSE this one runs hundreds.
 
 A program switches nodes only after the node it leaves is idle and the node it enters
 has refreshed its directories (what a user sees after ``ckptfs wait`` and the metadata
