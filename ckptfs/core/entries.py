@@ -354,11 +354,16 @@ class EntryIO:
         if etag == inode.remote_etag:
             return
         inode.remote_etag = etag
+        rt = self.st.runtime.get(inode.ino)
+        writing = rt is not None and rt.session is not None
         if entry.type == inode.type:
-            # The mtime too, of a file no version of which is being written here.
-            rt = self.st.runtime.get(inode.ino)
+            # The mtime too, of a file no version of which is being written here; while
+            # one is, the closed version's (the one entries sent meanwhile carry).
             take_attributes(inode, entry, mtime=inode.type == "file" and not inode.dirty
-                                  and (rt is None or rt.session is None))
+                                  and not writing)
+            if writing and not inode.dirty and inode.closed_mtime_ns is not None and \
+                    "mtime" not in inode.attrs_unsent:
+                inode.closed_mtime_ns = entry.mtime_ns
         if inode.link_id:
             inode.remote_nlink = entry.nlink
         saved = read_save_id(entry)
@@ -366,9 +371,11 @@ class EntryIO:
             inode.save_id       # (a file's new save: below)
         if inode.type == "file" and not inode.dirty and \
                 (inode.chunks, inode.save_id) != (entry.chunks, saved):  # new save
-            inode.chunks, inode.size, inode.save_id = list(entry.chunks), entry.size, saved
-            if "mtime" not in inode.attrs_unsent:     # a utime here is the later change
-                inode.mtime_ns = entry.mtime_ns
+            inode.chunks, inode.save_id = list(entry.chunks), saved
+            if not writing:         # (the size and mtime shown are the working version's)
+                inode.size = entry.size
+                if "mtime" not in inode.attrs_unsent:   # a utime here is the later change
+                    inode.mtime_ns = entry.mtime_ns
             if inode.local_copy:
                 inode.local_copy = False
                 self.st.cache.untrack_local(inode.ino)

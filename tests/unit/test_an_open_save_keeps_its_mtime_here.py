@@ -103,3 +103,26 @@ def test_an_async_publish_during_the_next_session_sends_its_own_mtime(tmp_path):
         assert entry["mtime_ns"] == MTIME, "the publish sent the open session's mtime"
         await close(b, fh)
     run(tmp_path, "async", body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_another_nodes_utime_of_the_closed_version_survives_a_chmod_here(
+        tmp_path, durability):
+    """B holds the file open for writing; A sets its (closed version's) mtime; B's chmod
+    finds the entry changed, takes the store's attributes and sends its own again: the
+    closed version's mtime it sends is A's, not the one B had seen."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f1", b"closed version")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f1")
+        fh = await open_and_write(b, ino_b, b"unclosed")
+        await a.fs.setattr(ino_a, mtime_ns=MTIME)
+        await a.fs.wait_idle()
+        assert stored(store, "f1")["mtime_ns"] == MTIME
+        await b.fs.setattr(ino_b, mode=0o600)
+        await b.fs.wait_idle()
+        entry = stored(store, "f1")
+        assert entry["mode"] & 0o777 == 0o600
+        assert entry["mtime_ns"] == MTIME, "B's chmod undid A's utime"
+        await close(b, fh)
+    run(tmp_path, durability, body)
