@@ -375,11 +375,18 @@ class MetaLogApply:
         await self._wait_publishes_before(seq, ino)
         inode = self.st.ns.maybe_get(ino)
         if inode is None or not inode.parent or not inode.staged or inode.type != "dir":
+            self.st.sealed_here.discard(ino)
             return
         if self.seals._pending_under(ino, list(self.st.queue.failed)):
             raise Blocked("a file below is refused by the store: the seal waits for it")
         if not await self.st.leases.may_seal(ino):
-            return   # other nodes still write below it: pending (leases.py)
+            # Other nodes still write below it: pending (leases.py), and hidden here
+            # again (it showed when they seemed done: one came back).
+            if ino in self.st.sealed_here:
+                self.st.sealed_here.discard(ino)
+                self.st._touch_dir(inode.parent)
+                self.st.invalidate(inode.parent)
+            return
         key = self._logged_key(record)
         async with self.st._rt(ino).lock:
             inode = self.st.ns.maybe_get(ino)
@@ -392,8 +399,10 @@ class MetaLogApply:
                 inode.staged = True
                 self.st.ns.save(inode)
                 if isinstance(exc, FsError) and exc.errno == errno.ENOENT:
+                    self.st.sealed_here.discard(ino)
                     raise OpDropped(exc.reason) from None
                 raise
         self.st._drop_rt(ino)
+        self.st.sealed_here.discard(ino)
         self.seals._sealed(inode)
         self.st.observe("seal", time.monotonic() - started)

@@ -82,7 +82,7 @@ class Names:
         out = []
         for name, child in self.st.ns.children(ino):
             inode = self.st.ns.get(child)
-            if not inode.staged:
+            if not inode.staged or child in self.st.sealed_here:
                 out.append((name, inode))
         return out
 

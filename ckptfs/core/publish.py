@@ -133,16 +133,19 @@ class Publish:
             inode.mtime_ns = max(inode.mtime_ns, os.fstat(
                 self.st.staging.fd(inode.ino, session.ver)).st_mtime_ns)
         if self.st.config.durability == "async":
-            self._close_async(inode, rt, session, size)
+            await self.seals.first_looks(self._close_async(inode, rt, session, size))
         else:
             await self._close_sync(inode, rt, session, size)
 
-    def _close_async(self, inode: Inode, rt: Runtime, session: Session, size: int) -> None:
+    def _close_async(self, inode: Inode, rt: Runtime, session: Session, size: int
+                     ) -> list[trio.Event]:
         """One LMDB commit for the close: the closed version and its pending publish go
-        in together or not at all (issue 25: a commit per close was its cost)."""
+        in together or not at all (issue 25: a commit per close was its cost).  Returns
+        the first looks of the seals it started (``Seals.first_looks``)."""
         self._commit_closed(inode, rt, session, size, journal=True)
-        self.seals._seals_after_close(inode, wait=False)
+        looked = self.seals._seals_after_close(inode, wait=False)
         self.st._sync_journal_soon()
+        return looked
 
     async def _close_sync(self, inode: Inode, rt: Runtime, session: Session,
                           size: int) -> None:

@@ -100,9 +100,22 @@ class Seal:
                 for ino in targets:
                     await self.seal(ino)
             return seal_all()
+        looked = []
         for ino in targets:
-            self.st.nursery.start_soon(self._seal_in_background, ino)
-        return None
+            first_look = trio.Event()
+            self.st.nursery.start_soon(self._seal_in_background, ino, first_look)
+            looked.append(first_look)
+        return looked
+
+    async def first_looks(self, looked: list[trio.Event]) -> None:
+        """Async mode: the close of a mark waits, at most ``stale_wait``, for its seals'
+        first try -- journaled, and listed here when nobody else writes below
+        (``_show_here_if_clear``): a rotation that lists right after the save (the HF
+        Trainer's) finds the checkpoint.  A store that does not answer by then delays
+        only the listing here, never the close further."""
+        with trio.move_on_after(self.st.config.stale_wait):
+            for first_look in looked:
+                await first_look.wait()
 
     def _seal_targets(self, inode: Inode, unknown: list[bytes] | None = None) -> list[int]:
         """Staged directories a closed mark or pointer seals; names a pointer gives that
@@ -168,17 +181,26 @@ class Seal:
                 return
             await self.st.queue.wait_change()
 
-    async def _seal_in_background(self, ino: int) -> None:
-        for attempt in range(10):
-            try:
-                await self.seal(ino)
-                return
-            except Exception as exc:  # a background task must never take the daemon down
-                if isinstance(exc, FsError) and exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                    return  # the directory is gone or replaced: nothing left to seal
-                log.warning("sealing inode %d failed (%s); retrying", ino, exc)
-                await trio.sleep(min(30, 2 ** attempt))
-        log.error("gave up sealing inode %d; `ckptfs commit` seals it by hand", ino)
+    async def _seal_in_background(self, ino: int, first_look: trio.Event | None = None
+                                  ) -> None:
+        """``first_look``: set once the first try is over (``first_looks``)."""
+        try:
+            for attempt in range(10):
+                try:
+                    await self.seal(ino)
+                    return
+                except Exception as exc:  # a background task must never take the daemon down
+                    if isinstance(exc, FsError) and exc.errno in (errno.ENOENT,
+                                                                  errno.ENOTDIR):
+                        return  # the directory is gone or replaced: nothing left to seal
+                    log.warning("sealing inode %d failed (%s); retrying", ino, exc)
+                    if first_look is not None:
+                        first_look.set()
+                    await trio.sleep(min(30, 2 ** attempt))
+            log.error("gave up sealing inode %d; `ckptfs commit` seals it by hand", ino)
+        finally:
+            if first_look is not None:
+                first_look.set()
 
     async def seal(self, ino: int) -> bool:
         """Make a staged directory visible: after everything closed below it is in the
@@ -234,4 +256,23 @@ class Seal:
             self.st.oplog.add({"kind": "seal", "ino": inode.ino, "parent_id": parent.dir_id,
                             "name": inode.name.hex()}, dirs=[inode.parent])
             await self.st._sync_journal()
+        await self._show_here_if_clear(inode.ino)
         return True
+
+    async def _show_here_if_clear(self, ino: int) -> None:
+        """A seal journaled here shows the directory in this node's listings at once
+        when nobody else writes below it: no file of this node open there and no other
+        node's lease (one LIST).  Its files from this node are here; another node's
+        would not be in the store yet, so then it stays hidden until the seal lands.
+        The store's seal still waits for every upload below (``_exec_seal``)."""
+        try:
+            clear = await self.st.leases.may_seal(ino)
+        except FsError as exc:      # (the store is out: shown once the seal lands)
+            log.info("inode %d: sealed here, shown once the store has it (%s)", ino, exc)
+            return
+        inode = self.st.ns.maybe_get(ino)
+        if clear and inode is not None and inode.staged and inode.parent and \
+                self.st.oplog.pending_of("seal", ino):
+            self.st.sealed_here.add(ino)
+            self.st._touch_dir(inode.parent)
+            self.st.invalidate(inode.parent)

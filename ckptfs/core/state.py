@@ -282,6 +282,12 @@ class CoreState:
         # Inodes whose close decision waits to be made at their last release
         # (``Publish._decide_at_release``): unfinished work for ``ckptfs wait``.
         self.closing_at_release: set[int] = set()
+        # Staged directories sealed here in async mode, the seal journaled and no other
+        # node's lease below them at the last look (``Seals._show_here_if_clear``): this
+        # node lists them before the store has the seal (a rotation that lists right
+        # after the save finds the newest checkpoint).  Not saved: after a restart they
+        # show once the store has the seal.
+        self.sealed_here: set[int] = set()
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
         # Inodes whose name moved to a fresh inode (``Opening._fresh_inode_for_name``),

@@ -12,6 +12,8 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 
+from support.mounts import run_ckptfs  # noqa: E402
+
 
 def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
     torch.manual_seed(seed)
@@ -71,3 +73,24 @@ def test_trainer_rotation_and_resume(mnt, make_mount):
         assert torch.equal(v, first[k].cpu()), k
     assert sorted(n for n in os.listdir(out2) if n.startswith("checkpoint-")) == \
         ["checkpoint-6", "checkpoint-8"]
+
+
+# Uploads that lag (every chunk PUT slowed): in async mode the newest checkpoint showed
+# in its own node's listing only once its uploads landed and the store had its seal, so
+# each rotation right after a save deleted one directory too few (3 kept of
+# save_total_limit=2) and get_last_checkpoint named the one before.  A seal decided here
+# now shows here at once (tests/unit/test_a_seal_shows_on_its_node_at_once.py).
+SLOW_UPLOADS = {"rules": [{"op": "put", "prefix": "chunks/", "kind": "delay", "delay": 0.3}]}
+
+
+def test_trainer_rotation_in_async_mode_while_uploads_lag(local_store, make_mount):
+    node = make_mount(local_store, durability="async", faults=SLOW_UPLOADS)
+    out = node.path / "run"
+    trainer(out, max_steps=6).train()
+    assert sorted(n for n in os.listdir(out) if n.startswith("checkpoint-")) == \
+        ["checkpoint-4", "checkpoint-6"]
+    assert get_last_checkpoint(str(out)).endswith("checkpoint-6")
+    run_ckptfs("wait", str(node.path), check=True, timeout=300)
+    fresh = make_mount(local_store, name="fresh")
+    assert sorted(n for n in os.listdir(fresh.path / "run") if n.startswith("checkpoint-")) \
+        == ["checkpoint-4", "checkpoint-6"]
