@@ -62,14 +62,9 @@ class EntryIO:
         return self._content_entry(inode)
 
     def _content_entry(self, inode: Inode) -> Entry:
-        """The entry of the closed version: the content and size published, and --
-        while a save of the file is open here -- the mtime that version closed with
-        (a write session's times are this node's until its close: a rename, a chmod or
-        an older version's publish meanwhile sent them before, with the old bytes)."""
-        mtime = inode.closed_mtime_ns if inode.closed_mtime_ns is not None else \
-            inode.mtime_ns
+        """The entry of the closed version (``closed_mtime``)."""
         return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
-                     mtime_ns=mtime,
+                     mtime_ns=closed_mtime(inode),
                      size=inode.published_size if inode.type == "file" else 0,
                      chunks=list(inode.chunks),
                      id=inode.dir_id, target=inode.target,
@@ -446,6 +441,14 @@ def read_save_id(entry: Entry) -> str | None:
     if entry.type == "dir":
         return None
     return entry.save_id or READ_WITHOUT_SAVE_ID
+
+
+def closed_mtime(inode: Inode) -> int:
+    """The mtime of the closed version: while a save of the file is open here, the one
+    that version closed with (a write session's times are this node's until its close:
+    a rename, a chmod or an older version's publish meanwhile sent them, with the old
+    bytes: soak seed 1215482)."""
+    return inode.mtime_ns if inode.closed_mtime_ns is None else inode.closed_mtime_ns
 
 
 def take_attributes(inode: Inode, entry: Entry, *, mtime: bool) -> None:
