@@ -46,6 +46,14 @@ async def open_and_write(node, ino: int, data: bytes) -> int:
     return handle.fh
 
 
+async def saved_with_mtime_then_opened(node) -> tuple[int, int]:
+    """``f1`` saved, its mtime set to MTIME, then opened O_TRUNC and written: (ino, fh)."""
+    ino = await node.save(ROOT_INO, b"f1", b"closed version")
+    await node.fs.setattr(ino, mtime_ns=MTIME)
+    await node.fs.wait_idle()
+    return ino, await open_and_write(node, ino, b"unclosed")
+
+
 async def close(node, fh: int) -> None:
     await node.fs.flush(fh)
     await node.fs.release(fh)
@@ -55,10 +63,7 @@ async def close(node, fh: int) -> None:
 def test_a_rename_of_a_file_open_for_writing_moves_the_closed_versions_mtime(
         tmp_path, durability):
     async def body(a, b, store) -> None:
-        ino = await b.save(ROOT_INO, b"f1", b"closed version")
-        await b.fs.setattr(ino, mtime_ns=MTIME)
-        await b.fs.wait_idle()
-        fh = await open_and_write(b, ino, b"unclosed")
+        ino, fh = await saved_with_mtime_then_opened(b)
         await b.fs.rename(ROOT_INO, b"f1", ROOT_INO, b"f2", 0)
         await b.fs.wait_idle()
         entry = stored(store, "f2")
@@ -76,10 +81,7 @@ def test_a_rename_of_a_file_open_for_writing_moves_the_closed_versions_mtime(
 def test_a_chmod_of_a_file_open_for_writing_keeps_the_closed_versions_mtime(
         tmp_path, durability):
     async def body(a, b, store) -> None:
-        ino = await b.save(ROOT_INO, b"f1", b"closed version")
-        await b.fs.setattr(ino, mtime_ns=MTIME)
-        await b.fs.wait_idle()
-        fh = await open_and_write(b, ino, b"unclosed")
+        ino, fh = await saved_with_mtime_then_opened(b)
         await b.fs.setattr(ino, mode=0o600)
         await b.fs.wait_idle()
         entry = stored(store, "f1")
