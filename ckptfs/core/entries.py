@@ -341,16 +341,21 @@ class EntryIO:
             raise FsError.enoent(f"{key} now names another object")
         return entry, etag
 
-    def _adopt_newer(self, inode: Inode, entry: Entry, etag: str) -> None:
+    def _adopt_newer(self, inode: Inode, entry: Entry, etag: str, moves: bool = False) -> None:
         """Take the store's version of a file another node published after our view of
         it (never move or rewrite a stale version).  A version closed here and not yet
         published stays: its publish comes later and is the newest.  So do attributes
         changed here and not sent yet (``attrs_unsent``); the others are the store's."""
         if etag == inode.remote_etag:
             return
+        writing = getattr(self.st.runtime.get(inode.ino), "session", None) is not None
+        saved = read_save_id(entry)
+        mine = saved if inode.type != "file" or inode.save_id is None else inode.save_id
+        new_save = inode.type == "file" and not inode.dirty and \
+            (inode.chunks, mine) != (entry.chunks, saved)
+        if new_save and moved_from_its_readers(self.st, inode, writing, moves):
+            raise FsError(errno.ESTALE, "another node saved it: the step goes again")
         inode.remote_etag = etag
-        rt = self.st.runtime.get(inode.ino)
-        writing = rt is not None and rt.session is not None
         if entry.type == inode.type:
             # The mtime too, of a file no version of which is being written here; while
             # one is, the closed version's (the one entries sent meanwhile carry).
@@ -361,11 +366,8 @@ class EntryIO:
                 inode.closed_mtime_ns = entry.mtime_ns
         if inode.link_id:
             inode.remote_nlink = entry.nlink
-        saved = read_save_id(entry)
-        inode.save_id = saved if inode.type != "file" or inode.save_id is None else \
-            inode.save_id       # (a file's new save: below)
-        if inode.type == "file" and not inode.dirty and \
-                (inode.chunks, inode.save_id) != (entry.chunks, saved):  # new save
+        inode.save_id = mine    # (a file's new save: below)
+        if new_save:
             inode.chunks, inode.save_id = list(entry.chunks), saved
             if not writing:         # (the size and mtime shown are the working version's)
                 inode.size = entry.size
@@ -378,7 +380,7 @@ class EntryIO:
             self.st.invalidate(inode.ino)
         self.st.ns.save(inode)
 
-    async def _rewrite_entry(self, inode: Inode, key: str | None = None) -> None:
+    async def _rewrite_entry(self, inode: Inode, key: str | None = None, moves=False) -> None:
         """Rewrite a published entry's metadata (attributes, seal) as a compare-and-swap
         on the ETag we know: if another node changed it meanwhile we take its version
         and apply ours again; if it was renamed or removed, ENOENT — never resurrect an
@@ -390,7 +392,7 @@ class EntryIO:
                 entry, etag = await self._current_entry(inode, key)
                 if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
                     raise FsError.enoent(f"{key} is being renamed by another node")
-                self._adopt_newer(inode, entry, etag)
+                self._adopt_newer(inode, entry, etag, moves)
             try:
                 inode.remote_etag = await self._store(
                     functools.partial(self.st.store.put, key,
@@ -441,6 +443,19 @@ def read_save_id(entry: Entry) -> str | None:
     if entry.type == "dir":
         return None
     return entry.save_id or READ_WITHOUT_SAVE_ID
+
+
+def moved_from_its_readers(st, inode: Inode, writing: bool, moves: bool) -> bool:
+    """Sync mode: another node's save is about to replace the version readers here hold
+    open, in the middle of a step on the file (a chmod's compare-and-swap): the name
+    moves to a fresh inode (showing the version they read, until the repeated step
+    takes the new one), the old inode stays the readers' -- the kernel's size of it
+    stays theirs: a reader of a 1 MB version read 40 bytes of it once a 40-byte save
+    was taken in.  Called before anything of the new version is taken: the fresh inode
+    must show the version before.  Async mode's log applies steps later, on the inode
+    it recorded: only where the caller says it ``moves`` on (``_exec_attrs``)."""
+    return not writing and (moves or not st._deferred()) and st._is_open(inode.ino) and \
+        st.fresh_inode_for_name(inode.ino, held_here=True)
 
 
 def closed_mtime(inode: Inode) -> int:

@@ -126,6 +126,7 @@ class Filesystem:
         self.writes = WritePath(st)
         self.opening = Opening(st, writes=self.writes,
                                readbehind=ReadBehind(st, writes=self.writes))
+        st.fresh_inode_for_name = self.opening._fresh_inode_for_name
         self.entries = EntryIO(st, landed=lambda key: self.removals.landed(key))  # 0028
         self.removals = DirRemovals(st, self.entries)
         self.held = HeldEntries(st, self.entries)

@@ -120,22 +120,27 @@ class Opening:
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
 
     @no_await
-    def _fresh_inode_for_name(self, ino: int) -> bool:
+    def _fresh_inode_for_name(self, ino: int, held_here: bool = False) -> bool:
         """Give the names of ``ino`` a fresh inode showing the same saved version (the
         store changes nothing: its entries are the fresh inode's now -- a hard-linked
         file's names all move, still one linked file); the old inode lives on,
         nameless, for the passthrough readers that hold it and goes with their release.
         Only for a file that owes the store nothing: False otherwise.  The kernel finds
         the fresh inode: an open answers ESTALE, and steps that reach the old one
-        through a dentry it kept answer ESTALE too (``CoreState.moved_away``)."""
+        through a dentry it kept answer ESTALE too (``CoreState.moved_away``).  Also
+        before another node's version replaces the one readers here hold open
+        (``CoreState.fresh_inode_for_name``): the kernel's size of their inode stays
+        theirs.  ``held_here``: the caller holds the inode's lock, in a step of its own
+        (its unsent attributes are the step's: it is repeated on the fresh inode)."""
         inode = self.st.ns.maybe_get(ino)
         rt = self.st.runtime.get(ino)
         if inode is None or inode.type != "file" or not inode.parent or \
                 not inode.published or inode.dirty or inode.links_pending or \
-                inode.held or inode.attrs_unsent or inode.unsure or \
-                ino in self.st.queue.queued or self.st._locked(ino) or \
+                inode.held or (inode.attrs_unsent and not held_here) or inode.unsure or \
+                ino in self.st.queue.queued or (self.st._locked(ino) and not held_here) or \
                 (rt is not None and rt.session is not None) or \
-                any(r.get("ino") == ino for r in self.st.oplog.pending.values()):
+                any(r.get("ino") == ino and (r.get("kind") != "attrs" or not held_here)
+                    for r in self.st.oplog.pending.values()):
             return False
         (parent, name), others = inode.names[0], inode.names[1:]
         link_id, remote_nlink = inode.link_id, inode.remote_nlink

@@ -247,6 +247,11 @@ class Refresh:
                 self.st.ns.add_name(holder, dir_inode.ino, name)
                 inode = holder
                 ino = holder.ino
+            if inode.chunks != entry.chunks and self.st._is_open(ino) and \
+                    self.st.fresh_inode_for_name(ino):
+                # Readers here hold the version before: theirs stays on the old inode
+                # (the kernel's size of it stays theirs); the name takes the new one.
+                inode = self.st.ns.get(self.st.ns.lookup(dir_inode.ino, name) or ino)
             self._take_entry(inode, entry, etag)
         if not changed_locally:
             self._forget_vanished(dir_inode, remote, local, etags_before, etags_now)

@@ -275,6 +275,9 @@ class CoreState:
         # daemon from what the FUSE library and the kernel agreed at FUSE_INIT.
         self.passthrough_available: Callable[[], bool] = lambda: False
         self.after_seal: Callable[[Inode], None] = lambda inode: None   # retention.py
+        # ``Opening._fresh_inode_for_name``: the names to a fresh inode, the old one to
+        # its readers (before another node's version replaces the one they read).
+        self.fresh_inode_for_name: Callable[..., bool] = lambda ino, held_here=False: False
         self.handles: dict[int, Handle] = {}
         self.runtime: dict[int, Runtime] = {}
         self.dir_marks = DirMarks()                  # refresh's change and busy marks
@@ -282,11 +285,8 @@ class CoreState:
         # Inodes whose close decision waits to be made at their last release
         # (``Publish._decide_at_release``): unfinished work for ``ckptfs wait``.
         self.closing_at_release: set[int] = set()
-        # Staged directories sealed here in async mode, the seal journaled and no other
-        # node's lease below them at the last look (``Seals._show_here_if_clear``): this
-        # node lists them before the store has the seal (a rotation that lists right
-        # after the save finds the newest checkpoint).  Not saved: after a restart they
-        # show once the store has the seal.
+        # Staged directories this node lists before the store has their seal (async,
+        # ``Seal._show_here_if_clear``); not saved: after a restart, once it has it.
         self.sealed_here: set[int] = set()
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery

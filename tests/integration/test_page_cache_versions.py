@@ -114,3 +114,38 @@ def test_a_reader_opened_during_a_save_keeps_it_past_the_next_save(
         assert os.pread(reader, 1 << 20, 0) == first, "the reader keeps its version"
     finally:
         os.close(reader)
+
+
+# A hostile run (stop 45): a reader on B holding a 1 MB version read 40 bytes of it once
+# B took in A's 40-byte save -- by a listing, or by a chmod on B whose compare-and-swap
+# found the new version: the kernel keeps one size per inode, and the inode's size was
+# the new version's.  Now the name moves to a fresh inode for the new version; the old
+# one stays the reader's.
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("how", ["listing", "chmod"])
+def test_a_reader_keeps_its_whole_version_when_a_smaller_one_comes_in(
+        local_store, make_mount, durability, how):
+    a = make_mount(local_store, name="a", durability=durability)
+    b = make_mount(local_store, name="b", durability=durability)
+    v1, v2 = os.urandom(1_000_000), os.urandom(40)
+    (a.path / "f").write_bytes(v1)
+    run_ckptfs("wait", str(a.path), check=True)
+    assert eventually(lambda: (b.path / "f").exists() and
+                      os.stat(b.path / "f").st_size == len(v1))
+    fd = os.open(b.path / "f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == v1[:10]
+        (a.path / "f").write_bytes(v2)
+        run_ckptfs("wait", str(a.path), check=True)
+        if how == "listing":
+            assert eventually(lambda: os.stat(b.path / "f").st_size == len(v2))
+        else:
+            assert eventually(lambda: os.chmod(b.path / "f", 0o600) is None and
+                              os.stat(b.path / "f").st_size == len(v2))
+        data = bytearray()
+        while chunk := os.pread(fd, 1 << 20, len(data)):
+            data += chunk
+        assert bytes(data) == v1, f"the reader read {len(data)} of its {len(v1)} bytes"
+    finally:
+        os.close(fd)
+    assert (b.path / "f").read_bytes() == v2
