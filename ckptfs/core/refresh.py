@@ -250,8 +250,11 @@ class Refresh:
             if inode.chunks != entry.chunks and self.st._is_open(ino) and \
                     self.st.fresh_inode_for_name(ino):
                 # Readers here hold the version before: theirs stays on the old inode
-                # (the kernel's size of it stays theirs); the name takes the new one.
+                # (the kernel's size of it stays theirs); the name takes the new one
+                # (every name of a linked file: the ones still to come here too).
                 inode = self.st.ns.get(self.st.ns.lookup(dir_inode.ino, name) or ino)
+                local.update({n: inode.ino for p, n in inode.names
+                              if p == dir_inode.ino and n in fetched})
             self._take_entry(inode, entry, etag)
         if not changed_locally:
             self._forget_vanished(dir_inode, remote, local, etags_before, etags_now)
