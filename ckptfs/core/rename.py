@@ -92,8 +92,8 @@ class Rename:
         target_ino = self.st.ns.lookup(new_parent, new_name)
         target = self.st.ns.get(target_ino) if target_ino is not None else None
         if target is not None:
-            if target.ino == inode.ino:
-                return
+            if target.ino == inode.ino or (inode.link_id and target.link_id == inode.link_id):
+                return      # two names of one file: rename(2) does nothing
             if flags & RENAME_NOREPLACE:
                 raise FsError(errno.EEXIST)
             if inode.type == "dir" and target.type != "dir":
