@@ -67,15 +67,8 @@ class KernelCore(Core):
         return await self.fs.write(fh, offset, data)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
-        """A cached read (neither passthrough nor direct I/O) ends at the size the
-        kernel keeps for the inode -- one per inode, whatever version a handle reads."""
         if fh in self.backing:
             return os.pread(self.backing[fh][1], size, offset)
-        handle = self.fs.st.handles[fh]
-        if not handle.direct_io:
-            size = max(0, min(size, self.fs.getattr(handle.ino).size - offset))
-            if not size:
-                return b""
         return await self.fs.read(fh, offset, size)
 
     async def release(self, fh: int) -> None:

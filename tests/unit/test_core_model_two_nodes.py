@@ -1060,17 +1060,3 @@ def test_two_nodes_renaming_one_directory_over_another_leave_one_name(tmp_path, 
     for i in range(40):
         with tempfile.TemporaryDirectory(dir=tmp_path) as base:
             trio.run(run_program, Path(base), "sync", program)
-
-
-# A hostile run (stop 45; ``support/kernel.py`` now ends a cached read at the size the
-# kernel keeps for the inode): a reader on A of a 32 KiB version read 100 bytes of it
-# once A's listing took in B's 100-byte save -- one size per inode.  Now the name moves
-# to a fresh inode and the old one stays the reader's.
-@pytest.mark.parametrize("durability", ["sync", "async"])
-def test_a_held_reader_reads_its_whole_version_after_a_smaller_one_comes_in(
-        tmp_path, caplog, durability):
-    program = [("save", 0, "", "f0", 2 * CS + 1), ("read_open", 0, 0),
-               ("save", 1, "", "f0", 100), ("read_close", 0, 0)]
-    trio.run(run_program, tmp_path, durability, program)
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert not errors, errors
