@@ -141,7 +141,7 @@ class Publish:
                      ) -> list[trio.Event]:
         """One LMDB commit for the close: the closed version and its pending publish go
         in together or not at all (issue 25: a commit per close was its cost).  Returns
-        the first looks of the seals it started (``Seals.first_looks``)."""
+        the first looks of the seals it started (``Seal.first_looks``)."""
         self._commit_closed(inode, rt, session, size, journal=True)
         looked = self.seals._seals_after_close(inode, wait=False)
         self.st._sync_journal_soon()

@@ -112,7 +112,10 @@ class Seal:
         first try -- journaled, and listed here when nobody else writes below
         (``_show_here_if_clear``): a rotation that lists right after the save (the HF
         Trainer's) finds the checkpoint.  A store that does not answer by then delays
-        only the listing here, never the close further."""
+        only the listing here, never the close further.  (Most closes seal nothing: no
+        cancel scope for them.)"""
+        if not looked:
+            return
         with trio.move_on_after(self.st.config.stale_wait):
             for first_look in looked:
                 await first_look.wait()
