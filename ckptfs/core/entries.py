@@ -59,20 +59,7 @@ class EntryIO:
         a hard-linked inode a "link" entry naming its shared inode object (0008)."""
         if inode.link_id:
             return Entry(type="link", mode=0, link=inode.link_id)
-        return self._content_entry(inode)
-
-    def _content_entry(self, inode: Inode) -> Entry:
-        """The entry of the closed version (``closed_mtime``)."""
-        return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
-                     mtime_ns=closed_mtime(inode),
-                     size=inode.published_size if inode.type == "file" else 0,
-                     chunks=list(inode.chunks),
-                     id=inode.dir_id, target=inode.target,
-                     staged=inode.staged and inode.type == "dir",
-                     rdev=inode.rdev, xattrs=dict(inode.xattrs),
-                     nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
-                     sealed_at=inode.sealed_at,
-                     save_id=(inode.save_id or None) if inode.type != "dir" else None)
+        return content_entry(inode)
 
     async def _store(self, fn, *args, abandon_on_cancel: bool = False):
         async with self.st.meta_limiter:
@@ -180,15 +167,17 @@ class EntryIO:
         unless this node changed its own since (``attrs_unsent``).  The content and
         mtime are this save's (the last close wins, decision 0005).  Returns the ETag
         to write over; None where the name is gone (written again); NameTaken where it
-        is no file now (a directory another node made: never written over)."""
+        is no file now (another node's directory: never written over) but the entry
+        this file holds there (renamed over it, held.py), or does not parse."""
         try:
             body, etag = await self._store(self.st.store.get, key)
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except NotFound:
             return None
-        try:
-            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry:
             return etag         # written over, as an unconditional save did
+        if same_object(entry, {h[2] for h in inode.held}):
+            return etag
         if entry.type != "file":
             raise NameTaken(f"another node made {key} a {entry.type}",
                             link=entry.link if entry.type == "link" else None)
@@ -201,7 +190,7 @@ class EntryIO:
         key = inode_key(link_id_of(inode))
         if inode.links_pending and not inode.published:
             inode.remote_nlink = len(inode.names)
-            etag = await self.put_new(key, self._content_entry(inode).to_json(),
+            etag = await self.put_new(key, content_entry(inode).to_json(),
                                       empty_is_free=True)     # a fresh uuid's key
             if not etag:
                 raise FsError(errno.EIO, f"{key} exists already")
@@ -261,7 +250,7 @@ class EntryIO:
                     await self._store(functools.partial(self.st.store.delete, key, if_match=etag))
                     inode.remote_nlink, inode.remote_etag = 0, None
                 else:
-                    entry = self._content_entry(inode)
+                    entry = content_entry(inode)
                     entry.nlink = n
                     inode.remote_etag = await self._store(
                         functools.partial(self.st.store.put, key, entry.to_json(),
@@ -290,7 +279,7 @@ class EntryIO:
                 return
             self._adopt_newer(inode, entry, etag)
             link_id = uuid.uuid4().hex
-            content = self._content_entry(inode)
+            content = content_entry(inode)
             obj = inode_key(link_id)
             obj_etag = await self.put_new(obj, content.to_json(),
                                           empty_is_free=True)   # a fresh uuid's key
@@ -314,7 +303,7 @@ class EntryIO:
     def _identity(self, inode: Inode) -> dict:
         """What tells that the store's entry of a name is still ``inode``'s, whatever
         this node rewrote or moved meanwhile: a directory's id, else the content."""
-        return {"ident": inode_identity(self._content_entry(inode), inode.save_id)}
+        return {"ident": inode_identity(content_entry(inode), inode.save_id)}
 
     async def _current_entry(self, inode: Inode, key: str,
                              allow_link: bool = False) -> tuple[Entry, str]:
@@ -396,7 +385,7 @@ class EntryIO:
             try:
                 inode.remote_etag = await self._store(
                     functools.partial(self.st.store.put, key,
-                                      self._content_entry(inode).to_json(), if_match=etag))
+                                      content_entry(inode).to_json(), if_match=etag))
                 inode.published, inode.attrs_unsent = True, []
                 self.st.ns.save(inode)
                 return
@@ -456,6 +445,21 @@ def moved_from_its_readers(st, inode: Inode, writing: bool, moves: bool) -> bool
     it recorded: only where the caller says it ``moves`` on (``_exec_attrs``)."""
     return not writing and (moves or not st._deferred()) and st._is_open(inode.ino) and \
         st.fresh_inode_for_name(inode.ino, held_here=True)
+
+
+def content_entry(inode: Inode) -> Entry:
+    """The entry of ``inode``'s closed version (``closed_mtime``), whole (a hard-linked
+    inode's names have "link" entries: ``EntryIO._entry_of``)."""
+    return Entry(type=inode.type, mode=inode.mode, uid=inode.uid, gid=inode.gid,
+                 mtime_ns=closed_mtime(inode),
+                 size=inode.published_size if inode.type == "file" else 0,
+                 chunks=list(inode.chunks),
+                 id=inode.dir_id, target=inode.target,
+                 staged=inode.staged and inode.type == "dir",
+                 rdev=inode.rdev, xattrs=dict(inode.xattrs),
+                 nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
+                 sealed_at=inode.sealed_at,
+                 save_id=(inode.save_id or None) if inode.type != "dir" else None)
 
 
 def closed_mtime(inode: Inode) -> int:

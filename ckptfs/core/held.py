@@ -1,6 +1,7 @@
 """Held entries: DESIGN.md promise 2 (a name changes in the store only when a closed
-version lands there) for files renamed before their first close.  A file with no closed
-version renamed over a published name leaves that name's entry in the store -- other
+version lands there) for files renamed before their first publish landed.  A file with
+no entry of its own in the store (never closed, or its first publish still queued)
+renamed over a published name leaves that name's entry in the store -- other
 nodes go on seeing the last closed version -- and remembers it (``Inode.held``: parent
 dir id, name, the entry's identity).  Its own closed version landing there replaces the
 entry (``Publish._land`` forgets the holds); moved away or unlinked first, it deletes the
@@ -43,13 +44,25 @@ class HeldEntries:
         return inode.type == "file" and not inode.published and not inode.dirty \
             and inode.ino not in self.st.queue.queued
 
-    def hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> None:
-        """``inode``, with no closed version, was renamed over the published
-        ``replaced``: the store keeps that entry under the name until ``inode``'s closed
-        version lands there.  The entry is kept with the hold too, to show it again here
-        if ``inode`` never gets a closed version (``show_again``)."""
-        self._add(inode, new_dir, new_name, self.entries._identity(replaced)["ident"],
+    def has_no_entry(self, inode: Inode) -> bool:
+        """A file with no entry of its own in the store yet: never closed, or closed
+        with its first publish still to land (async mode's queue; a publish the store
+        refused, kept and retried).  Renamed over a published name, it holds that
+        name's entry: deleted before the publish landed, the name was in no listing in
+        between (``os.replace`` of a just-saved temporary file, async mode)."""
+        return inode.type == "file" and not inode.published and \
+            (not inode.link_id or self.never_closed(inode))
+
+    def hold(self, inode: Inode, new_dir: Inode, new_name: bytes, replaced: Inode) -> str:
+        """``inode``, with no entry of its own in the store yet, was renamed over the
+        published ``replaced``: the store keeps that entry under the name until
+        ``inode``'s closed version lands there.  The entry is kept with the hold too, to
+        show it again here if ``inode`` never gets a closed version (``show_again``).
+        Returns the held entry's identity."""
+        ident = self.entries._identity(replaced)["ident"]
+        self._add(inode, new_dir, new_name, ident,
                   self.entries._entry_of(replaced).to_json().decode())
+        return ident
 
     def hand_over(self, inode: Inode, replaced: Inode, new_dir: Inode,
                   new_name: bytes) -> str | None:

@@ -15,6 +15,7 @@ from ..store import NotFound
 
 from . import unsure
 from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name, records_follow
+from .entries import content_entry
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,7 @@ class MetaLogApply:
             # The name was free in this node's listing when the mkdir was journaled
             # (``Names._check_absent``): an empty object there is a torn write.
             created = await self.entries.put_new(key,
-                                                 self.entries._content_entry(inode).to_json(),
+                                                 content_entry(inode).to_json(),
                                                  empty_is_free=True)
             if created is not None:
                 inode.published, inode.remote_etag = True, created
@@ -222,6 +223,7 @@ class MetaLogApply:
                 # there since (its own later save): never over another node's newer save.
                 expect = None if inode.type == "dir" else \
                     {i for i in (replaced, *record.get("target_unsure", ()),
+                                 *record.get("target_held", ()),
                                  *unsure.under(inode, new_key)) if i}
                 try:
                     seals = await self._move_locked(inode, old_key, new_key, seals,
@@ -257,7 +259,7 @@ class MetaLogApply:
             if exc.errno != errno.ENOENT:
                 raise
             # Not in the store under its old name.  Never published there: its own
-            # publish writes the new name (a file with no closed version yet holds
+            # publish writes the new name (a file with no entry of its own yet holds
             # the entry it replaced instead: ``replaced`` is None, rename.py).
             # Published, so another node moved or removed it first: this rename lost
             # the race (as if it had come second), and the entry it would have

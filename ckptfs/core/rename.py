@@ -191,8 +191,10 @@ class Rename:
             # What this node sent there unanswered is not another node's save when the
             # move lands (a later rename of the file on takes these notes from it).
             record["target_unsure"] = unsure.under(inode, new_key)
-            if replaced.published and self.held.never_closed(inode):
-                self.held.hold(inode, new_dir, new_name, replaced)
+            if replaced.published and not replaced.link_id and \
+                    self.held.has_no_entry(inode):
+                # (the move record then finds what it holds there: no other node's save)
+                record["target_held"] = [self.held.hold(inode, new_dir, new_name, replaced)]
             elif replaced.published:
                 record["replaced"] = self.entries._identity(replaced)
             else:
@@ -355,8 +357,9 @@ class Rename:
                 replaced = await self.moves.move_entry(inode, old_key, new_key, seals)
             else:
                 await self.held.delete(inode, old_dir, old[1])
-                if remote is not None and self.held.never_closed(inode) and not remote.link_id:
-                    # No closed version yet: the name keeps its entry until one lands.
+                if remote is not None and self.held.has_no_entry(inode) and \
+                        not remote.link_id:
+                    # No entry of its own yet: the name keeps its entry until one lands.
                     self.held.hold(inode, new_dir, new_name, remote)
                 elif remote is not None:
                     # Only what this node knows there: another node's save, or the link
