@@ -92,29 +92,14 @@ def test_renames_over_new_targets_and_back_keep_their_names(store, make_mount, d
 # name up again and opens what it names now.
 @pytest.mark.parametrize("durability", ["sync", "async"])
 def test_a_reader_never_misses_a_name_replaced_by_rename(local_store, make_mount, durability):
-    import threading
+    from support.posix import reading_in_a_loop
     node = make_mount(local_store, durability=durability)
     target = node.path / "target"
     target.write_bytes(b"version 0")
-    stop, missed, reads = threading.Event(), [], [0]
-
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                with open(target, "rb") as f:
-                    assert f.read().startswith(b"version ")
-                reads[0] += 1
-            except FileNotFoundError as exc:
-                missed.append(exc)
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
+    with reading_in_a_loop(target, b"version ") as seen:
         for i in range(1, 150):
             tmp = node.path / f".target.tmp{i}"
             tmp.write_bytes(b"version %d" % i)
             os.replace(tmp, target)
-    finally:
-        stop.set()
-        thread.join()
-    assert reads[0] > 0
-    assert not missed, f"{len(missed)} of {reads[0] + len(missed)} opens missed the name"
+    assert seen.reads > 0
+    assert not seen.missed, f"{seen.missed} of {seen.reads + seen.missed} opens missed the name"

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import run_ckptfs
 from support.mounts import eventually
+from support.posix import reading_in_a_loop
 
 MiB = 1 << 20
 # Entry writes slowed down on both nodes, so that two renames overlap for certain.
@@ -163,19 +164,7 @@ def test_a_reader_on_another_node_never_misses_a_name_async_replace_keeps_replac
     run_ckptfs("wait", str(writer.path), check=True)
     target = reader_node.path / "target"
     assert eventually(lambda: target.exists())
-    stop, missed, reads = threading.Event(), [], [0]
-
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                with open(target, "rb") as f:
-                    assert f.read().startswith(b"version ")
-                reads[0] += 1
-            except FileNotFoundError as exc:
-                missed.append(exc)
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
+    with reading_in_a_loop(target, b"version ") as seen:
         for i in range(1, 60):
             tmp = writer.path / f".target.tmp{i}"
             tmp.write_bytes(b"version %d" % i)
@@ -183,11 +172,8 @@ def test_a_reader_on_another_node_never_misses_a_name_async_replace_keeps_replac
             time.sleep(0.02)
         run_ckptfs("wait", str(writer.path), check=True)
         time.sleep(0.3)          # the reader's listings after the last version landed
-    finally:
-        stop.set()
-        thread.join()
-    assert reads[0] > 0
-    assert not missed, f"{len(missed)} of {reads[0] + len(missed)} opens on the other " \
-        "node missed the name"
+    assert seen.reads > 0
+    assert not seen.missed, f"{seen.missed} of {seen.reads + seen.missed} opens on the " \
+        "other node missed the name"
     assert eventually(lambda: target.read_bytes() == b"version 59")
     assert sorted(os.listdir(reader_node.path)) == ["target"]

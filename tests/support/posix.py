@@ -13,8 +13,10 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 AT_FDCWD = -100
@@ -67,3 +69,38 @@ def fill_file_system(directory) -> None:
     finally:
         os.close(fd)
 
+
+
+@dataclass
+class Opens:
+    """What a reader looping over one path saw: whole reads and ENOENT answers."""
+
+    reads: int = 0
+    missed: int = 0
+
+
+@contextmanager
+def reading_in_a_loop(path: Path, prefix: bytes) -> Iterator[Opens]:
+    """A thread opens and reads ``path`` over and over while the block runs; each read
+    must start with ``prefix`` (one version of the file, whole), and each ENOENT is
+    counted as a miss."""
+    stop, seen, failures = threading.Event(), Opens(), []
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                if not data.startswith(prefix):
+                    failures.append(data[:80])
+                seen.reads += 1
+            except FileNotFoundError:
+                seen.missed += 1
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+    assert not failures, f"read something else than a version: {failures[:3]}"

@@ -14,7 +14,10 @@ renamed before its first close (``core/held.py``), until the new version lands o
 from __future__ import annotations
 
 import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -28,6 +31,7 @@ from support.core import Core, reached, two_cores
 pytestmark = pytest.mark.trio
 
 OLD, NEW = b"the last checkpoint " * 50, b"the next checkpoint, longer " * 60
+KEY = entry_key("root", b"t")
 
 
 async def _name_stays_while_the_log_runs(store: MemoryStore, key: str) -> None:
@@ -38,18 +42,26 @@ async def _name_stays_while_the_log_runs(store: MemoryStore, key: str) -> None:
         await trio.sleep(0.01)
 
 
-async def _replace_with_upload_held(a: Core, store: MemoryStore, kind: str = "file"
-                                    ) -> tuple[object, int]:
-    """A makes ``t`` (a saved file, or ``kind``: a fifo, a symlink, a file's second
-    hard link), published; then saves ``tmp`` with its upload held, and renames ``tmp``
-    over ``t``.  Returns the held upload's gate and the new inode."""
-    await _make_target(a, kind)
-    await a.fs.wait_idle()
-    uploading = store.gate("put", prefix=CHUNKS_PREFIX)
-    ino = await a.save(ROOT_INO, b"tmp", NEW)           # async: closed, publish queued
-    await reached(uploading)
-    await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"t", 0)
-    return uploading, ino
+@asynccontextmanager
+async def _replaced(tmp_path: Path, kind: str = "file"
+                    ) -> AsyncIterator[tuple[Core, Core, MemoryStore, Any, int]]:
+    """Two async nodes; A makes ``t`` (a saved file, or ``kind``: a fifo, a symlink, a
+    file's second hard link), published; then saves ``tmp`` with its upload held, and
+    renames ``tmp`` over ``t``; the store keeps ``t`` while A's log runs (but a hard
+    link's name).  Yields both nodes, the store, the held upload's gate and the new
+    inode."""
+    store = MemoryStore(gate_limit=30)
+    async with two_cores(tmp_path, store, Config(durability="async", upload_hold=0.0,
+                                                 metadata_ttl=0.0)) as (a, b):
+        await _make_target(a, kind)
+        await a.fs.wait_idle()
+        uploading = store.gate("put", prefix=CHUNKS_PREFIX)
+        ino = await a.save(ROOT_INO, b"tmp", NEW)           # async: closed, publish queued
+        await reached(uploading)
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"t", 0)
+        if kind != "hard link":     # (a link's name goes first, as before)
+            await _name_stays_while_the_log_runs(store, KEY)
+        yield a, b, store, uploading, ino
 
 
 async def _make_target(a: Core, kind: str) -> None:
@@ -67,20 +79,15 @@ async def _make_target(a: Core, kind: str) -> None:
 
 async def test_a_replaced_name_stays_in_the_store_until_the_new_version_lands(
         tmp_path: Path):
-    store = MemoryStore(gate_limit=30)
-    key = entry_key("root", b"t")
-    async with two_cores(tmp_path, store, Config(durability="async", upload_hold=0.0,
-                                                 metadata_ttl=0.0)) as (a, b):
-        uploading, ino = await _replace_with_upload_held(a, store)
-        await _name_stays_while_the_log_runs(store, key)
-        assert Entry.from_json(store.get(key)[0]).size == len(OLD)
+    async with _replaced(tmp_path) as (a, b, store, uploading, ino):
+        assert Entry.from_json(store.get(KEY)[0]).size == len(OLD)
         assert await b.names() == ["t"], "the other node lost the name meanwhile"
         assert await b.load(await b.resolve("t")) == OLD
         assert await a.load(ino) == NEW                  # this node: the new one at once
         uploading.release()
         with trio.fail_after(30):
             await a.fs.wait_idle()
-        assert Entry.from_json(store.get(key)[0]).size == len(NEW)
+        assert Entry.from_json(store.get(KEY)[0]).size == len(NEW)
         assert not store.exists(entry_key("root", b"tmp"))
         assert await b.names() == ["t"]
         assert await b.load(await b.resolve("t")) == NEW
@@ -91,12 +98,7 @@ async def test_the_held_name_goes_with_the_file_moved_on_before_it_landed(
         tmp_path: Path, then: str):
     """Moved on (or removed) before its version landed, the file takes the held entry
     with it: the name this node removed does not come back with the old version."""
-    store = MemoryStore(gate_limit=30)
-    key = entry_key("root", b"t")
-    async with two_cores(tmp_path, store, Config(durability="async", upload_hold=0.0,
-                                                 metadata_ttl=0.0)) as (a, b):
-        uploading, ino = await _replace_with_upload_held(a, store)
-        await _name_stays_while_the_log_runs(store, key)
+    async with _replaced(tmp_path) as (a, b, store, uploading, ino):
         if then == "unlinked":
             await a.fs.unlink(ROOT_INO, b"t")
         else:
@@ -104,7 +106,7 @@ async def test_the_held_name_goes_with_the_file_moved_on_before_it_landed(
         uploading.release()
         with trio.fail_after(30):
             await a.fs.wait_idle()
-        assert not store.exists(key), "the name removed here came back with the old version"
+        assert not store.exists(KEY), "the name removed here came back with the old version"
         want = [] if then == "unlinked" else ["u"]
         assert await a.names() == want
         assert await b.names() == want
@@ -118,15 +120,7 @@ async def test_a_replaced_name_of_another_kind_becomes_the_new_file(tmp_path: Pa
     """The replaced name held something else than a plain file: the new version lands
     over it as well (the held entry is this rename's, no other node's: no conflict
     name), and a hard link's other name keeps the old version."""
-    store = MemoryStore(gate_limit=30)
-    key = entry_key("root", b"t")
-    async with two_cores(tmp_path, store, Config(durability="async", upload_hold=0.0,
-                                                 metadata_ttl=0.0)) as (a, b):
-        uploading, ino = await _replace_with_upload_held(a, store, kind)
-        for _ in range(30):
-            await trio.sleep(0.01)
-            if kind != "hard link":     # (a link's name goes first, as before)
-                assert store.exists(key), "t left the store before its new version landed"
+    async with _replaced(tmp_path, kind) as (a, b, store, uploading, ino):
         uploading.release()
         with trio.fail_after(30):
             await a.fs.wait_idle()
