@@ -18,7 +18,7 @@ from . import unsure
 from .critical import no_await
 from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
-from .entries import entry_identity
+from .entries import closed_mtime, entry_identity
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -94,6 +94,12 @@ class Rename:
         if target is not None:
             if target.ino == inode.ino or (inode.link_id and target.link_id == inode.link_id):
                 return      # two names of one file: rename(2) does nothing
+            if self.st.deciding_at_release(target.ino):
+                # Its close is being decided (a last release's): that save is the name's
+                # until this rename, so the rename comes after it (take_closed_version).
+                while self.st.deciding_at_release(target.ino):
+                    await trio.sleep(0.005)
+                raise TargetChanged()
             if flags & RENAME_NOREPLACE:
                 raise FsError(errno.EEXIST)
             if inode.type == "dir" and target.type != "dir":
@@ -182,7 +188,7 @@ class Rename:
         # whatever is there; the record deletes it if the inode is removed first.
         record["unsure"] = unsure.take(inode, entry_key(dir_id_of(old_dir), old_name))
         self.held.release(inode, old_dir, old_name)
-        replaced = None
+        replaced, took, never_closed = None, False, self.held.never_closed(inode)
         target_ino = self.st.ns.lookup(new_parent, new_name)
         if target_ino is not None and target_ino != inode.ino:
             replaced = self.st.ns.get(target_ino)
@@ -201,6 +207,7 @@ class Rename:
                 ident = self.held.hand_over(inode, replaced, new_dir, new_name)
                 if ident is not None and inode.published:
                     record["replaced"] = {"ident": ident}
+            took = never_closed and take_closed_version(self.st, inode, replaced)
             self.st.ns.unlink(replaced, new_parent, new_name)
         self.st._touch_dir(old_parent)
         self.st._touch_dir(new_parent)
@@ -210,7 +217,9 @@ class Rename:
         if new_parent != old_parent:
             self.names._mark_parent_changed(new_dir)
         seq = self.st.oplog.add(record, dirs=[old_parent, new_parent])
-        if inode.ino in self.st.queue.queued:
+        if took:
+            self.publisher._journal_publish(inode)      # (after the move, in log order)
+        elif inode.ino in self.st.queue.queued:
             # Its pending publish writes the entry under the name it has then: not
             # before the store has moved it there (a publish under the new name first
             # would leave the move no source, or move an older version over the newer).
@@ -378,8 +387,10 @@ class Rename:
                 # link is that node's, and counting it out would delete the object).
                 await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
             # What the store has moved, here must follow (one commit).
+            never_closed = self.held.never_closed(inode)
             sealed_here = self.st.record_store_change(
-                lambda: self._move_locally(inode, old_dir, old, new_parent, new_name, seals),
+                lambda: self._move_locally(inode, old_dir, old, new_parent, new_name, seals,
+                                           never_closed),
                 [old_dir.ino, new_parent], f"rename of {old[1]!r}", stored)
         if target is not None:
             self.st._drop_rt(target.ino)
@@ -388,9 +399,11 @@ class Rename:
 
     @no_await
     def _move_locally(self, inode: Inode, old_dir: Inode, old: tuple[int, bytes],
-                      new_parent: int, new_name: bytes, seals: bool) -> bool:
+                      new_parent: int, new_name: bytes, seals: bool,
+                      never_closed: bool = False) -> bool:
         """After the store steps, under the locks: the namespace move (replacing the
-        target), in one step.  True when it sealed a staged directory."""
+        target; ``never_closed``: ``inode`` takes its closed version if it has not
+        landed), in one step.  True when it sealed a staged directory."""
         sealed_here = inode.staged and seals and inode.type == "dir"
         inode.staged = inode.staged and not seals  # a rename seals a staged directory
         target_ino = self.st.ns.lookup(new_parent, new_name)
@@ -398,6 +411,8 @@ class Rename:
             replaced = self.st.ns.get(target_ino)
             unsure.hand_over(replaced, inode,
                              entry_key(dir_id_of(self.st.ns.get(new_parent)), new_name))
+            if never_closed and take_closed_version(self.st, inode, replaced):
+                self.publisher._journal_publish(inode)
             self.st.ns.unlink(replaced, new_parent, new_name)
             if not replaced.parent and not self.st._is_open(replaced.ino):
                 # Its staging files go only once the move is committed (a failed
@@ -409,6 +424,30 @@ class Rename:
         if new_parent != old_dir.ino:
             self.names._mark_parent_changed(self.st.ns.get(new_parent))
         return sealed_here
+
+
+@no_await
+def take_closed_version(st: CoreState, inode: Inode, replaced: Inode) -> bool:
+    """``inode``, a file with no closed version yet, replaces ``replaced``, whose last
+    closed version has not landed in the store (its publish queued or refused, or its
+    close decided at a last release): that version stays the name's closed version
+    until ``inode``'s own close.  It becomes ``inode``'s -- a hard link of its staging
+    file, published under the name -- as an ``O_TRUNC`` open over ``replaced`` would
+    leave it.  Dropped with ``replaced``, the store kept the save before it (or none)
+    on every node.  Whether it was taken (the caller journals the publish)."""
+    if replaced.type != "file" or replaced.link_id or inode.link_id or \
+            not replaced.dirty or replaced.ino in st._held_pointers or \
+            not st.staging.exists(replaced.ino, replaced.ver):
+        return False
+    ver = inode.max_ver + 1
+    st.staging.link_from(replaced.ino, replaced.ver, inode.ino, ver)
+    st.ns.on_rollback(lambda: st.staging.remove(inode.ino, ver))
+    inode.max_ver, inode.ver, inode.dirty, inode.local_copy = ver, ver, True, True
+    inode.closed_mtime_ns = closed_mtime(replaced)    # (its session's times are its own)
+    st.ns.save(inode)
+    log.info("%s: a file not closed yet replaced a save that has not landed: that save "
+             "stays the name's until its close", st._path_for_log(inode))
+    return True
 
 
 def _own_attributes_where_it_lands(inode: Inode) -> None:

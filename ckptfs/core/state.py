@@ -439,6 +439,12 @@ class CoreState:
         except FsError:
             return f"<inode {inode.ino}>"
 
+    def deciding_at_release(self, ino: int) -> bool:
+        """A close decision left to ``ino``'s last release is under way, its write
+        session not ended yet (``Release._decide_at_release``)."""
+        rt = self.runtime.get(ino)
+        return ino in self.closing_at_release and rt is not None and rt.session is not None
+
     @staticmethod
     def version_of(inode: Inode) -> tuple:
         """The closed version a reader opening ``inode`` now gets (``Handle.snapshot``)."""

@@ -242,6 +242,12 @@ class Staging:
         os.link(self.path(ino, src), self.path(ino, dst))
         self._indexed(ino, dst, True)
 
+    def link_from(self, src_ino: int, src_ver: int, ino: int, ver: int) -> None:
+        """Name another inode's staging file as version ``ver`` of ``ino`` too (a hard
+        link: the same bytes, no copy)."""
+        os.link(self.path(src_ino, src_ver), self.path(ino, ver))
+        self._indexed(ino, ver, True)
+
     def close_fd(self, ino: int, ver: int) -> None:
         fd = self._fds.pop((ino, ver), None)
         if fd is not None:
