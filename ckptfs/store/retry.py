@@ -208,13 +208,40 @@ class RetryingStore:
     def check(self) -> None:
         self._call("check", "", self.inner.check)
 
+    # A conditional write retried after a transient error may find its own first
+    # attempt's work: the request acted and only its reply was lost (a reset, a
+    # timeout).  The retry's 412 (or "exists", or a conditional delete's 412 on a key now
+    # gone) would then tell the caller that another node got there first -- an rmdir
+    # took its own claim for another node's and waited out the claim's TTL.  Such an
+    # answer is checked against the store: every entry body is unique (its ``rev``), so
+    # the body there being this call's means this call wrote it.
+
     def put(self, key: str, data: bytes, sha256: str | None = None, *,
             if_match: str | None = None) -> str:
-        return self._call("put", key, lambda: self.inner.put(key, data, sha256,
-                                                             if_match=if_match))
+        if if_match is None:
+            return self._call("put", key, lambda: self.inner.put(key, data, sha256))
+        tries = _Tries(lambda: self.inner.put(key, data, sha256, if_match=if_match))
+        try:
+            return self._call("put", key, tries)
+        except PreconditionFailed:
+            if tries.count > 1 and (mine := self._holds(key, data)) is not None:
+                return mine
+            raise
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
-        return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
+        tries = _Tries(lambda: self.inner.put_if_absent(key, data))
+        done = self._call("put_if_absent", key, tries)
+        if not done and tries.count > 1:
+            return self._holds(key, data)
+        return done
+
+    def _holds(self, key: str, data: bytes) -> str | None:
+        """The ETag of ``key`` if it holds ``data`` (a lost reply's write), else None."""
+        try:
+            body, etag = self.get(key)
+        except NotFound:
+            return None
+        return etag if bytes(body) == bytes(data) else None
 
     def get(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self.inner.get(key))
@@ -231,7 +258,25 @@ class RetryingStore:
         return iter(self._call("list", prefix, lambda: list(self.inner.list(prefix))))
 
     def delete(self, key: str, if_match: str | None = None) -> None:
-        self._call("delete", key, lambda: self.inner.delete(key, if_match))
+        tries = _Tries(lambda: self.inner.delete(key, if_match))
+        try:
+            self._call("delete", key, tries)
+        except PreconditionFailed:
+            if if_match is None or tries.count < 2 or self.exists(key):
+                raise
+            # Gone: an earlier try deleted it (or another node did: gone either way).
+
+
+class _Tries:
+    """A store call counting its tries (more than one: an earlier one may have acted)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+        return self.fn()
 
 
 _LATE = object()
