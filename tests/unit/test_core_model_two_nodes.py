@@ -11,7 +11,10 @@ where it is and started again on its state (nothing open on it; its async journa
 be pending), in sync and async durability, with or without FUSE passthrough
 (``support/kernel.py`` plays the kernel: a passthrough handle's bytes go to its
 staging file unseen, the kernel's one-backing-file rule is checked at every open, and
-the size right after a writer's last release must be the bytes it wrote).  The FUSE
+the size right after a writer's last release must be the bytes it wrote), and with
+store messages lost both ways now and then (``lose_messages``: a request that never
+acted, or a reply lost after it did, retried by the daemon's ``RetryingStore``; the
+outcome must not change).  The FUSE
 model test (tests/integration/test_model.py) affords a few dozen examples; without
 FUSE this one runs hundreds.
 
@@ -50,8 +53,10 @@ from hypothesis import strategies as st
 from ckptfs.core import Config, Filesystem
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.errors import FsError
-from ckptfs.store import MemoryStore
+from ckptfs.store import MemoryStore, TransientStoreError
 from ckptfs.store.memory import Call
+from ckptfs.store.retry import RetryingStore
+from ckptfs.store.retrypolicy import RetryPolicy
 from support.core import WRITE_NEW, Core, open_core
 from support.kernel import KernelCore
 from support.watchdog import Watchdog
@@ -852,14 +857,46 @@ class Run:
                 p[len(p.split("/")[0]):]: v for p, v in seen.items()}
 
 
+def lose_messages(store: MemoryStore, rate: float, seed: int) -> None:
+    """Store calls fail now and then as on a real network, both ways: the request is
+    lost (nothing acted), or the reply is (the call acted -- a PUT landed, a DELETE
+    deleted -- and its caller does not know).  Both are transient errors, retried by
+    the store's ``RetryingStore`` as in the daemon: a program's outcome must not
+    change, whatever its compare-and-swaps and put-if-absents meet on the retry."""
+    rng = random.Random(seed)
+
+    def request_lost(call: Call) -> None:
+        if rng.random() < rate:
+            raise TransientStoreError(f"injected: the {call.op} request was lost")
+
+    def reply_lost(call: Call) -> None:
+        if call.error is None and rng.random() < rate:
+            raise TransientStoreError(f"injected: the {call.op} reply was lost")
+    store.before(request_lost)
+    store.after(reply_lost)
+
+
+def retrying(store: MemoryStore, faults: float) -> object:
+    """The store as a node's core gets it: behind the daemon's retry layer when
+    messages get lost (fast retries, no limit but a deadline), else as it is."""
+    if not faults:
+        return store
+    return RetryingStore(store, RetryPolicy(attempts=None, base_delay=0.001,
+                                            max_delay=0.01, jitter=True, deadline=30.0))
+
+
 async def run_program(base: Path, durability: str, program: list[tuple],
-                      ttl: float = 0.0, *, kernel: bool = False) -> Run:
+                      ttl: float = 0.0, *, kernel: bool = False, faults: float = 0.0,
+                      fault_seed: int = 0) -> Run:
     """``ttl``: the metadata TTL.  0: every lookup lists again and waits for it; above
     0, a lookup in a directory the node changed within it lists in the background and
     goes on (the window where a listing begins after the step that started it).
     ``kernel``: the nodes use FUSE passthrough where the core chooses it (async mode),
-    its bytes read and written as the kernel would (``support/kernel.py``)."""
+    its bytes read and written as the kernel would (``support/kernel.py``).
+    ``faults``: the share of store requests, and of replies, lost (``lose_messages``)."""
     store = MemoryStore(gate_limit=30)
+    if faults:
+        lose_messages(store, faults, fault_seed)
     config = Config(durability=durability, chunk_size=CS, metadata_ttl=ttl,
                     stale_wait=0.5)
     dog = Watchdog(after=STEP_LIMIT / 3)
@@ -869,7 +906,7 @@ async def run_program(base: Path, durability: str, program: list[tuple],
         until its ``stop`` is set."""
         stop, done = trio.Event(), trio.Event()
         try:
-            async with open_core(base / "ab"[i], store, config) as fs:
+            async with open_core(base / "ab"[i], retrying(store, faults), config) as fs:
                 core = KernelCore(fs, store)
                 if kernel:
                     core.use_passthrough()
@@ -915,13 +952,15 @@ async def run_program(base: Path, durability: str, program: list[tuple],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(durability=st.sampled_from(["sync", "async"]),
        program=st.lists(step, min_size=6, max_size=40),
-       ttl=st.sampled_from([0.0, 0.02]), kernel=st.booleans())
+       ttl=st.sampled_from([0.0, 0.02]), kernel=st.booleans(),
+       faults=st.sampled_from([0.0, 0.0, 0.03, 0.1]), fault_seed=st.integers(0, 1 << 16))
 def test_two_nodes_over_one_store_converge_and_never_show_a_torn_file(
-        tmp_path, caplog, durability, program, ttl, kernel):
+        tmp_path, caplog, durability, program, ttl, kernel, faults, fault_seed):
     caplog.clear()
     with tempfile.TemporaryDirectory(dir=tmp_path) as base:
-        trio.run(functools.partial(run_program, kernel=kernel), Path(base), durability,
-                 program, ttl)
+        trio.run(functools.partial(run_program, kernel=kernel, faults=faults,
+                                   fault_seed=fault_seed),
+                 Path(base), durability, program, ttl)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors          # a legitimate program logs no error
 
