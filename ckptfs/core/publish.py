@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 import trio
 
@@ -379,24 +380,24 @@ class Publish:
                 self.st.ns.save(inode)
 
     async def _save_through_link(self, inode: Inode, link_id: str) -> bool:
-        """Another node made this file's name a hard link meanwhile (it was not known
-        here when the file was opened): the save is a save of the linked file, as it
-        would be on that node -- its content goes into the shared inode object (a
-        compare-and-swap; its link count stays), and the inode is that file here.
-        False where the object is gone (the name is kept under a conflict name then)."""
+        """Another node made this file's name a hard link meanwhile: the save is a save
+        of the linked file, as on that node -- its content goes into the shared inode
+        object (a compare-and-swap; its link count stays), and the inode is that file
+        here.  False where the object is gone (then kept under a conflict name)."""
         key = inode_key(link_id)
         try:
             body, etag = await self.entries._store(self.st.store.get, key)
+            obj = Entry.from_json(body, MAX_CHUNK_SIZE)
         except NotFound:
             return False
-        try:
-            obj = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry as exc:
             raise FsError(errno.EIO, f"corrupt inode object {key}: {exc}") from None
+        holder = self.st.ns.maybe_get(self.st.ns.ino_of_link_id(link_id) or 0)  # (here)
         self.st.ns.set_link_id(inode, link_id)
         inode.published, inode.remote_etag, inode.links_pending = True, None, False
         self.entries._adopt_newer(inode, obj, etag)   # the compare-and-swap is on it
         await self.entries._put_entry(inode)
+        take_names_of(self.st, holder, inode, self._delete_inode)
         log.info("%s: another node made the name a hard link meanwhile; this save "
                  "wrote the linked file", self.st._path_for_log(inode))
         return True
@@ -438,3 +439,34 @@ class Publish:
             self.seals._release_pointers()
         self._journal_done_publish(inode.ino)
         self.st.leases.settle(inode.ino)
+
+
+@no_await
+def take_names_of(st: CoreState, holder: Inode | None, inode: Inode,
+                  delete_inode: Callable[[Inode], None]) -> None:
+    """``inode`` has just become a hard-linked file this node already held on
+    ``holder`` (a save through a link another node made of its name): ``inode`` takes
+    ``holder``'s names, so that the node holds the file on one inode.  Two inodes for
+    one linked file went separate ways: a rename between two of its names removed one
+    (soak seed 1215503).  ``holder``'s readers keep its version; a holder with work of
+    its own (being written, a save not landed) keeps its names."""
+    if holder is None or holder.ino == inode.ino or holder.link_id != inode.link_id or \
+            not holder.parent or \
+            holder.dirty or st._writers(holder.ino) or holder.ino in st.queue.queued:
+        return
+    names = list(holder.names)
+    with st.ns.batch():
+        st.ns.unlink(holder, all_names=True)
+        holder.link_id, holder.remote_nlink = None, 0
+        st.ns.save(holder)
+        for parent, name in names:
+            if st.ns.lookup(parent, name) is None:
+                st.ns.add_name(inode, parent, name)
+    st.invalidate(holder.ino)
+    st.invalidate(inode.ino)
+    if not st._is_open(holder.ino):
+        delete_inode(holder)
+    if st.invalidate_entry is not None:
+        for parent, name in names:
+            st.nursery.start_soon(st.invalidate_entry, parent, name)
+
