@@ -76,6 +76,9 @@ class DirRemovals:
         self.entries = entries
         self._clock = itertools.count()
         self._slots: dict[str, _Slot] = {}
+        # The claims this node's rmdirs sent, by key (their ``moving_at``): one whose
+        # reply was lost is found on the next try and is known as this node's own.
+        self._sent_claims: dict[str, float] = {}
 
     # ------------------------------------------------------------------ writers
 
@@ -287,7 +290,22 @@ class DirRemovals:
         claim to expire, then goes on: the claim may be this node's own, left by a
         daemon killed between its claim and its delete, and the replayed record must
         still remove the directory (soak seed 1215043: it was dropped, and the
-        directory came back)."""
+        directory came back).
+
+        The claim this node sent is remembered until the call ends other than by a
+        store error (EIO): tried again after a reply was lost, the rmdir finds that
+        claim as its own instead of waiting for it (soak seed 1215537)."""
+        try:
+            done = await self._remove_dir(key, ident, journaled)
+        except FsError as exc:
+            if exc.errno != errno.EIO:
+                self._sent_claims.pop(key, None)
+            raise
+        self._sent_claims.pop(key, None)
+        return done
+
+    async def _remove_dir(self, key: str, ident: str | None, journaled: bool) -> bool:
+        """The store steps of ``remove_dir``."""
         if not ident:
             return True
         marked: tuple[str, str] | None = None      # the mark this call wrote, its ETag
@@ -306,7 +324,9 @@ class DirRemovals:
                 log.info("%s holds another object now: left as it is", key)
                 await self._unmark(marked)
                 return True
-            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+            own = entry.moving_at == self._sent_claims.get(key) and \
+                entry.moving_to == removed_key(entry.id)
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and not own:
                 if journaled and entry.moving_to == removed_key(entry.id):
                     await self._until_claim_may_end(key, entry, said=waited)
                     waited, attempts = True, attempts - 1
@@ -318,12 +338,14 @@ class DirRemovals:
                 raise FsError.enoent(f"{key} is being renamed or removed by another node")
             entry.moving_to, entry.moving_at = None, 0.0
             mark_key = removed_key(entry.id)
-            claim = dataclasses.replace(entry, moving_to=mark_key, moving_at=time.time())
-            try:
-                etag = await self.entries._store(functools.partial(
-                    self.st.store.put, key, claim.to_json(), if_match=etag))
-            except PreconditionFailed:
-                continue
+            if not own:     # (this node's claim, its reply lost: ``etag`` is the claim's)
+                claim = dataclasses.replace(entry, moving_to=mark_key, moving_at=time.time())
+                self._sent_claims[key] = claim.moving_at
+                try:
+                    etag = await self.entries._store(functools.partial(
+                        self.st.store.put, key, claim.to_json(), if_match=etag))
+                except PreconditionFailed:
+                    continue
             marked = mark_key, await self.entries._store(
                 self.st.store.put, mark_key, RemovalMark(key, entry).to_json())
             try:
