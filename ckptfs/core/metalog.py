@@ -50,11 +50,12 @@ class MetaLogApply:
             await self._exec_mkdir(seq, record)
         elif kind == "move":
             await self._exec_move(seq, record)
-        elif kind == "delete" and str(record.get("ident")).startswith("dir:"):
-            # An rmdir: undone in the store if another node wrote into it meanwhile (the
-            # next listing here shows it again).
+        elif kind == "delete" and str(_dir_ident(record)).startswith("dir:"):
+            # An rmdir (of a directory the store has, or may have: its mkdir's answer
+            # was lost): undone in the store if another node wrote into it meanwhile
+            # (the next listing here shows it again).
             try:
-                await self.removals.remove_dir(self._logged_key(record), record.get("ident"),
+                await self.removals.remove_dir(self._logged_key(record), _dir_ident(record),
                                                journaled=True)
             except FsError as exc:
                 if exc.errno != errno.ENOENT:
@@ -85,10 +86,13 @@ class MetaLogApply:
             if inode is None or inode.type != "dir" or inode.published or not inode.parent:
                 return   # removed here before it reached the store: nothing to create
             # The name was free in this node's listing when the mkdir was journaled
-            # (``Names._check_absent``): an empty object there is a torn write.
+            # (``Names._check_absent``): an empty object there is a torn write.  Noted
+            # before it goes: an answer lost, an rmdir meanwhile takes what landed.
+            unsure.note(self.st.ns, inode, key, self.entries._identity(inode)["ident"])
             created = await self.entries.put_new(key,
                                                  content_entry(inode).to_json(),
                                                  empty_is_free=True)
+            unsure.answered(inode, key)
             if created is not None:
                 inode.published, inode.remote_etag = True, created
                 inode.listed_at, inode.attrs_unsent = time.time(), []     # sent with it
@@ -425,3 +429,10 @@ class MetaLogApply:
         self.st.sealed_here.discard(ino)
         self.seals._sealed(inode)
         self.st.observe("seal", time.monotonic() - started)
+
+
+def _dir_ident(record: dict) -> str | None:
+    """The directory a ``delete`` record removes: its own, or one its mkdir sent
+    unanswered (``unsure``)."""
+    return record.get("ident") or next(iter(record.get("unsure") or ()), None)
+

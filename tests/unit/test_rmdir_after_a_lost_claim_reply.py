@@ -50,3 +50,32 @@ async def test_an_rmdir_whose_claim_reply_was_lost_finishes_at_once(tmp_path: Pa
         assert not store.exists(key), "d1 is still in the store"
         assert await a.names() == []
         assert await b.names() == []
+
+
+async def test_a_directory_removed_while_its_mkdir_s_answer_was_lost_leaves_the_store(
+        tmp_path: Path):
+    """Async: the mkdir's PUT landed but its answer was lost, and the rmdir came before
+    the log tried the mkdir again.  The node took the directory for one the store never
+    had and removed it here only: the store kept ``d1``, and every other node showed it
+    (soak seed 1215537, the rest of it).  Now the PUT is noted before it goes
+    (``Inode.unsure``), and the removal takes the note along."""
+    store = MemoryStore()
+    config = Config(durability="async", upload_hold=0.0, metadata_ttl=0.0)
+    key = entry_key("root", b"d1")
+    async with two_cores(tmp_path, store, config) as (a, b):
+        def lose_reply(call: Call) -> None:
+            if call.error is None:
+                raise TransientStoreError("injected: the mkdir's answer was lost")
+        hook = store.after(lose_reply, "put_if_absent", prefix=key)
+        await b.fs.mkdir(ROOT_INO, b"d1", 0o755, 0, 0)
+        with trio.fail_after(10):
+            while not store.exists(key):
+                await trio.sleep(0.01)
+        await trio.sleep(0.1)       # (its answer lost: the log waits to try again)
+        await b.fs.rmdir(ROOT_INO, b"d1")
+        hook.remove()
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        assert not store.exists(key), "the store kept the directory removed here"
+        assert await a.names() == []
+        assert await b.names() == []
