@@ -19,6 +19,7 @@ import functools
 import logging
 import random
 import time
+from collections import OrderedDict
 
 import trio
 
@@ -41,6 +42,7 @@ MOVE_ATTEMPTS = 8
 FIRST_PAUSE = 0.01
 
 ABSENT = ""     # the target's ETag when it has no entry
+SENT_CLAIMS_KEPT = 4096
 
 
 class CrossingRename(Exception):
@@ -58,6 +60,10 @@ class EntryMoves:
         self.entries = entries
         self.removals = removals
         self.rng = rng or random.Random()
+        # The claims this node sent, by old key (their ``moving_at``), the latest
+        # SENT_CLAIMS_KEPT: one whose reply was lost is this node's own when the rename
+        # is made again (decision 0016, addendum of stop 46).
+        self._sent_claims: OrderedDict[str, float] = OrderedDict()
 
     async def move_entry(self, inode: Inode, old_key: str, new_key: str,
                          seals: bool = True, expect: set[str] | None = None
@@ -149,7 +155,8 @@ class EntryMoves:
         for _ in range(8):
             entry, etag = await self.entries._current_entry(inode, old_key,
                                                             allow_link=found_ok)
-            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl):
+            own = bool(entry.moving_at) and self._sent_claims.get(old_key) == entry.moving_at
+            if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and not own:
                 if entry.moving_to != new_key:
                     raise FsError.enoent(f"{old_key} is being renamed by another node")
                 # A live claim to the same new key: another node's identical rename, or
@@ -168,6 +175,10 @@ class EntryMoves:
                 self.entries._adopt_newer(inode, entry, etag)
             claim = entry if found else self.entries._entry_of(inode)
             claim.moving_to, claim.moving_at = new_key, time.time()
+            self._sent_claims[old_key] = claim.moving_at
+            self._sent_claims.move_to_end(old_key)
+            while len(self._sent_claims) > SENT_CLAIMS_KEPT:
+                self._sent_claims.popitem(last=False)
             try:
                 return await self.entries._store(
                     functools.partial(self.st.store.put, old_key, claim.to_json(),

@@ -79,3 +79,28 @@ async def test_a_directory_removed_while_its_mkdir_s_answer_was_lost_leaves_the_
         assert not store.exists(key), "the store kept the directory removed here"
         assert await a.names() == []
         assert await b.names() == []
+
+
+async def test_a_rename_whose_claim_reply_was_lost_can_be_made_again_at_once(
+        tmp_path: Path):
+    """Sync: a rename's claim landed and its reply was lost, so the rename failed (EIO).
+    Made again -- here to another name -- it found its own live claim and answered
+    ENOENT ("being renamed by another node") for the claim's 60 s TTL."""
+    store = MemoryStore()
+    config = Config(durability="sync", upload_hold=0.0, metadata_ttl=0.0)
+    key = entry_key("root", b"f0")
+    async with two_cores(tmp_path, store, config) as (a, b):
+        await b.save(ROOT_INO, b"f0", b"a file renamed " * 10)
+
+        def lose_reply(call: Call) -> None:
+            if call.error is None:
+                raise TransientStoreError("injected: the claim's reply was lost")
+        store.after(lose_reply, "put", prefix=key, times=1)
+        with pytest.raises(Exception):
+            await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+        with trio.fail_after(20):
+            await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f2", 0)
+        await b.fs.wait_idle()
+        assert not store.exists(key)
+        assert await a.names() == ["f2"]
+        assert await b.load(await b.resolve("f2")) == b"a file renamed " * 10
