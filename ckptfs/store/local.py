@@ -78,9 +78,20 @@ class LocalStore:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
             raise self._write_error(exc) from None
         return tmp
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a write's steps after its temp file (linking, replacing, deleting,
+        the lock file): an ``OSError`` is a store error like ``_write_temp``'s -- a
+        store directory remounted read-only failed every ``mkdir`` with a raw EROFS,
+        unclassified, unretried and not shown in status (hostile run E)."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._write_error(exc) from None
 
     def _write_error(self, exc: OSError) -> StoreError:
         if isinstance(exc, (NotADirectoryError, FileExistsError)):
@@ -98,25 +109,26 @@ class LocalStore:
         path = self._path(key)
         tmp = self._write_temp(path, data)
         try:
-            with self._locked(key):
+            with self._writing(), self._locked(key):
                 if if_match is not None and self._etag_now(path) != if_match:
                     raise PreconditionFailed(key)
                 os.replace(tmp, path)
                 return _local_etag(path)
         finally:
-            tmp.unlink(missing_ok=True)
+            _discard(tmp)
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         path = self._path(key)
         tmp = self._write_temp(path, data)
         try:
-            with self._locked(key):
-                os.link(tmp, path)
+            with self._writing(), self._locked(key):
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return None
                 return _local_etag(path)
-        except FileExistsError:
-            return None
         finally:
-            tmp.unlink()
+            _discard(tmp)
 
     def get(self, key: str) -> tuple[bytes, str]:
         path = self._path(key)
@@ -176,13 +188,22 @@ class LocalStore:
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         path = self._path(key)
-        with self._locked(key):
+        with self._writing(), self._locked(key):
             if if_match is not None and self._etag_now(path) != if_match:
                 raise PreconditionFailed(key)
             try:
                 path.unlink()
             except FileNotFoundError:
                 pass
+
+
+def _discard(tmp: Path) -> None:
+    """A temp file gone or left (a read-only store directory refuses even that: the
+    store error said already is what the caller hears, not this one)."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _etag_of_stat(st: os.stat_result) -> str:

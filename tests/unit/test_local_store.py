@@ -84,3 +84,26 @@ def test_a_full_or_failing_store_directory_is_a_store_error_and_leaves_no_temp_f
     monkeypatch.undo()
     assert os.listdir(tmp_path / LocalStore.TMP_DIR) == []
     assert [o.key for o in store.list("")] == []
+
+
+def test_a_read_only_store_directory_is_a_store_error_for_every_write(tmp_path, monkeypatch):
+    """A store directory remounted read-only refuses the temp file, its cleanup and the
+    lock file alike.  The cleanup's raw EROFS replaced the store error, and went past
+    the retry layer and status: async ``mkdir`` failed with EROFS, ``wait`` did not name
+    the store (hostile run E)."""
+    store = LocalStore(tmp_path)
+    etag = store.put("dirs/root/f", b"x")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(local_module.os, "fsync", read_only)
+    monkeypatch.setattr(local_module.os, "open", read_only)
+    monkeypatch.setattr(local_module.Path, "unlink", read_only)
+    for call in (lambda: store.put("dirs/root/g", b"y"),
+                 lambda: store.put_if_absent("dirs/root/h", b"z"),
+                 lambda: store.delete("dirs/root/f", if_match=etag)):
+        with pytest.raises(AccessDenied, match="cannot write the store directory"):
+            call()
+    monkeypatch.undo()
+    assert store.get("dirs/root/f")[0] == b"x"
