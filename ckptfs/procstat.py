@@ -96,6 +96,30 @@ def exit_state(pid: int) -> tuple[bool, int] | None:
     return bool(flags & PF_EXITING), exit_code
 
 
+SIGKILL_BIT = 1 << (9 - 1)       # SIGKILL in /proc's pending-signal masks
+
+
+def kill_pending(pid: int) -> bool:
+    """True if task ``pid`` has SIGKILL pending (for the thread or its group): it
+    waits for nothing but the daemon's answer to die -- the kernel does not interrupt
+    a FUSE request the daemon is working on.  A task that is gone is not: a child may
+    write on through a descriptor it inherited."""
+    raw = _read_proc(f"/proc/{pid}/status")
+    if raw is None:
+        return False
+    for field in (b"\nSigPnd:", b"\nShdPnd:"):
+        start = raw.find(field)
+        if start < 0:
+            continue
+        try:
+            mask = int(raw[start + len(field):raw.index(b"\n", start + 1)].strip(), 16)
+        except ValueError:
+            continue
+        if mask & SIGKILL_BIT:
+            return True
+    return False
+
+
 def died_unclean(opener: Opener) -> bool:
     """True if the opener is exiting because of a signal or with a non-zero status."""
     for pid in (opener.tid, opener.tgid):

@@ -16,9 +16,11 @@ import trio
 from ..errors import FsError
 from ..format.remote import zero_chunk_ids
 from ..meta.namespace import Inode
+from ..procstat import kill_pending
 from ..data.upload import ChunkTracker
-from .state import MAX_STAGED_FRACTION, CoreState, Runtime, Session
+from .state import MAX_STAGED_FRACTION, CoreState, Handle, Runtime, Session
 
+KILLED_WRITER_POLL = 0.5        # s: how often a writer held by ``max_staged`` is looked at
 # Writers held by ``max_staged`` are said once, then at most this often (s): a writer
 # that writes in small pieces waits once per write (fsx: 15 warnings a second).
 HELD_SAID_EVERY = 60.0
@@ -154,7 +156,7 @@ class WritePath:
         if not handle.writable:
             raise FsError(errno.EBADF)
         if self.st._deferred() and self.staged_bytes() > self.max_staged:
-            await self._wait_for_room()
+            await self._wait_for_room(handle)
         rt = self.st._rt(handle.ino)
         session = rt.session
         if session is None or handle.session is not session:
@@ -229,9 +231,11 @@ class WritePath:
             self._staged_bytes = (now, total)
         return total
 
-    async def _wait_for_room(self) -> None:
+    async def _wait_for_room(self, handle: Handle) -> None:
         """Past ``max_staged``, a writer waits for uploads instead of filling the disk
-        (while uploads are under way: a file larger than the bound still gets written)."""
+        (while uploads are under way: a file larger than the bound still gets written).
+        A writer killed meanwhile gets EINTR: the kernel waits for this answer before
+        the process can die, however long the store stays away (hostile run E)."""
         if not self.writers_waiting:
             self._held_since_said += 1
             now = trio.current_time()
@@ -245,7 +249,11 @@ class WritePath:
         self.writers_waiting += 1
         try:
             while self.staged_bytes(fresh=True) > self.max_staged and self.st.queue.active():
-                await self.st.queue.wait_change()
+                with trio.move_on_after(KILLED_WRITER_POLL):
+                    await self.st.queue.wait_change()
+                if kill_pending(handle.opener.tgid):    # (SIGKILL is the group's)
+                    raise FsError(errno.EINTR, "its writer was killed while it waited "
+                                  "for uploads (max_staged)")
         finally:
             self.writers_waiting -= 1
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -203,6 +205,36 @@ def test_writers_wait_for_uploads_past_max_staged(store_proxy, s3_store, make_mo
     other = fresh(make_mount, s3_store)
     for i, data in enumerate(parts):
         assert (other.path / f"part-{i}.bin").read_bytes() == data
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",
+                               r"failed after \d+ attempts")
+def test_a_writer_held_past_max_staged_can_be_killed(store_proxy, s3_store, make_mount):
+    """Hostile run E: a writer waiting for uploads past --max-staged while the store was
+    away could not be killed, not even by SIGKILL (state D for as long as the store
+    stayed away, over 10 minutes once): the kernel waits for the daemon's answer to a
+    request it is working on.  Now the wait answers EINTR once the writer is being
+    killed, and the killed writer's file is left unpublished."""
+    mnt = make_mount(store_proxy, durability="async",
+                     extra=("--store-timeout", "5", "--max-staged", "4M"))
+    os.listdir(mnt.path)
+    store_proxy.proxy.mode = "hang"
+    script = ("import os, sys\n"
+              "for i in range(3):\n"
+              "    with open(os.path.join(sys.argv[1], f'part-{i}.bin'), 'wb') as f:\n"
+              "        f.write(os.urandom(3 << 20))\n")
+    writer = subprocess.Popen([sys.executable, "-c", script, str(mnt.path)])
+    try:
+        assert eventually(lambda: mnt.status()["fs"]["writers_waiting_for_uploads"] == 1, 60)
+        writer.kill()
+        writer.wait(timeout=10)         # before: still in state D after 30 s
+    finally:
+        writer.kill()
+    assert eventually(lambda: mnt.status()["fs"]["writers_waiting_for_uploads"] == 0, 10)
+    store_proxy.proxy.mode = "pass"
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    other = fresh(make_mount, s3_store)
+    assert sorted(os.listdir(other.path)) == ["part-0.bin", "part-1.bin"]
 
 
 def test_a_joined_checkpoint_waits_for_the_joining_nodes_writer(local_store, make_mount):
