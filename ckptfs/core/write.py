@@ -231,7 +231,7 @@ class WritePath:
             self._staged_bytes = (now, total)
         return total
 
-    async def _wait_for_room(self, handle: Handle) -> None:
+    async def _wait_for_room(self, handle: Handle | None = None) -> None:
         """Past ``max_staged``, a writer waits for uploads instead of filling the disk
         (while uploads are under way: a file larger than the bound still gets written).
         A writer killed meanwhile gets EINTR: the kernel waits for this answer before
@@ -251,7 +251,7 @@ class WritePath:
             while self.staged_bytes(fresh=True) > self.max_staged and self.st.queue.active():
                 with trio.move_on_after(KILLED_WRITER_POLL):
                     await self.st.queue.wait_change()
-                if kill_pending(handle.opener.tgid):    # (SIGKILL is the group's)
+                if handle is not None and kill_pending(handle.opener.tgid):  # (group's)
                     raise FsError(errno.EINTR, "its writer was killed while it waited "
                                   "for uploads (max_staged)")
         finally:
