@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -133,3 +134,21 @@ class Core:
     async def names(self, ino: int = ROOT_INO) -> list[str]:
         """What a listing of ``ino`` shows, sorted (``.`` and ``..`` left out)."""
         return sorted(name.decode() for name, _ in await self.fs.listdir(ino))
+
+
+class HeldCheck:
+    """A completeness check (``Filesystem(check_complete=...)``) that holds each file
+    it checks until ``go_on`` is set: a close decision kept under way, in its thread
+    (files above the inline check's size).  ``checking`` is set once one is held."""
+
+    def __init__(self) -> None:
+        self.checking, self.go_on = threading.Event(), threading.Event()
+
+    def __call__(self, fd: int, size: int, name: bytes = b"") -> None:
+        self.checking.set()
+        self.go_on.wait(30)
+        return None
+
+    async def reached(self) -> None:
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(self.checking.wait, 30)

@@ -12,7 +12,6 @@ open waits for the decision (``Writes._join_session``)."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import trio
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import WRITE_NEW, Core, open_core
+from support.core import WRITE_NEW, Core, HeldCheck, open_core
 
 pytestmark = pytest.mark.trio
 
@@ -32,13 +31,7 @@ SAVED = b"saved by a process that exited holding it twice " * 2000   # checked i
 @pytest.mark.parametrize("then", ["closed", "killed"])
 async def test_a_writer_opening_while_a_release_decides_a_save_comes_after_it(
         tmp_path: Path, durability: str, then: str):
-    checking, go_on = threading.Event(), threading.Event()
-
-    def slow_check(fd: int, size: int, name: bytes = b"") -> None:
-        checking.set()
-        go_on.wait(30)
-        return None
-
+    slow_check = HeldCheck()
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0, metadata_ttl=0.0)
     async with open_core(tmp_path / "a", store, config, check_complete=slow_check) as a_fs, \
@@ -51,8 +44,7 @@ async def test_a_writer_opening_while_a_release_decides_a_save_comes_after_it(
             await a.fs.flush(fh)
         for fh in (first.fh, again.fh):
             await a.fs.release(fh)
-        with trio.fail_after(30):
-            await trio.to_thread.run_sync(checking.wait, 30)
+        await slow_check.reached()
         opened: list = []
 
         async def open_over() -> None:
@@ -60,7 +52,7 @@ async def test_a_writer_opening_while_a_release_decides_a_save_comes_after_it(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(open_over)
             await trio.sleep(0.2)               # the open is under way
-            go_on.set()
+            slow_check.go_on.set()
         handle = opened[0]
         with trio.fail_after(30):
             await a.fs.wait_idle()

@@ -14,7 +14,6 @@ leave it), and it is published under the name."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from ckptfs.core import Config
 from ckptfs.format.remote import CHUNKS_PREFIX, Entry, entry_key
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import WRITE_NEW, Core, open_core, reached, two_cores
+from support.core import WRITE_NEW, Core, HeldCheck, open_core, reached, two_cores
 
 pytestmark = pytest.mark.trio
 
@@ -103,13 +102,7 @@ async def test_a_rename_over_a_save_still_being_decided_at_its_release_waits_for
     """The close decision at a last release runs in the background (its completeness
     check in a thread, for a large file): a file not closed yet renamed over the name
     meanwhile must not drop the save being decided."""
-    checking, go_on = threading.Event(), threading.Event()
-
-    def slow_check(fd: int, size: int, name: bytes = b"") -> None:
-        checking.set()
-        go_on.wait(30)
-        return None
-
+    slow_check = HeldCheck()
     store = MemoryStore()
     config = Config(durability=durability, upload_hold=0.0, metadata_ttl=0.0)
     big = SAVED * 1000          # checked in a thread (above the inline check's size)
@@ -127,13 +120,12 @@ async def test_a_rename_over_a_save_still_being_decided_at_its_release_waits_for
             await b.fs.flush(fh)
         for fh in (handle.fh, again.fh):
             await b.fs.release(fh)
-        with trio.fail_after(30):
-            await trio.to_thread.run_sync(checking.wait, 30)
+        await slow_check.reached()
         t1, _ = await b.fs.create(ROOT_INO, b"t1", 0o644, WRITE_NEW, 0, 0, b.me())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(b.fs.rename, ROOT_INO, b"t1", ROOT_INO, b"f0", 0)
             await trio.sleep(0.2)               # the rename is under way
-            go_on.set()
+            slow_check.go_on.set()
         with trio.fail_after(30):
             await b.fs.wait_idle()
         assert _stored(store) == len(big), "the save decided at its release was dropped"
