@@ -435,4 +435,3 @@ def _dir_ident(record: dict) -> str | None:
     """The directory a ``delete`` record removes: its own, or one its mkdir sent
     unanswered (``unsure``)."""
     return record.get("ident") or next(iter(record.get("unsure") or ()), None)
-

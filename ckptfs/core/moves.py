@@ -19,7 +19,6 @@ import functools
 import logging
 import random
 import time
-from collections import OrderedDict
 
 import trio
 
@@ -30,6 +29,7 @@ from ..store import NotFound, PreconditionFailed
 from .conflicts import NameTaken
 from .entries import EntryIO, entry_identity, same_object
 from .removals import DirRemovals
+from .sentclaims import SentClaims
 from .state import CoreState
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ MOVE_ATTEMPTS = 8
 FIRST_PAUSE = 0.01
 
 ABSENT = ""     # the target's ETag when it has no entry
-SENT_CLAIMS_KEPT = 4096
 
 
 class CrossingRename(Exception):
@@ -60,10 +59,7 @@ class EntryMoves:
         self.entries = entries
         self.removals = removals
         self.rng = rng or random.Random()
-        # The claims this node sent, by old key (their ``moving_at``), the latest
-        # SENT_CLAIMS_KEPT: one whose reply was lost is this node's own when the rename
-        # is made again (decision 0016, addendum of stop 46).
-        self._sent_claims: OrderedDict[str, float] = OrderedDict()
+        self._sent_claims = SentClaims()     # (one whose reply was lost is ours)
 
     async def move_entry(self, inode: Inode, old_key: str, new_key: str,
                          seals: bool = True, expect: set[str] | None = None
@@ -155,7 +151,7 @@ class EntryMoves:
         for _ in range(8):
             entry, etag = await self.entries._current_entry(inode, old_key,
                                                             allow_link=found_ok)
-            own = bool(entry.moving_at) and self._sent_claims.get(old_key) == entry.moving_at
+            own = self._sent_claims.own(old_key, entry)
             if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and not own:
                 if entry.moving_to != new_key:
                     raise FsError.enoent(f"{old_key} is being renamed by another node")
@@ -175,10 +171,7 @@ class EntryMoves:
                 self.entries._adopt_newer(inode, entry, etag)
             claim = entry if found else self.entries._entry_of(inode)
             claim.moving_to, claim.moving_at = new_key, time.time()
-            self._sent_claims[old_key] = claim.moving_at
-            self._sent_claims.move_to_end(old_key)
-            while len(self._sent_claims) > SENT_CLAIMS_KEPT:
-                self._sent_claims.popitem(last=False)
+            self._sent_claims.sent(old_key, claim.moving_at)
             try:
                 return await self.entries._store(
                     functools.partial(self.st.store.put, old_key, claim.to_json(),

@@ -469,4 +469,3 @@ def take_names_of(st: CoreState, holder: Inode | None, inode: Inode,
     if st.invalidate_entry is not None:
         for parent, name in names:
             st.nursery.start_soon(st.invalidate_entry, parent, name)
-

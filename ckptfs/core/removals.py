@@ -41,6 +41,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, ROOT_DIR_ID, BadEntry, Entry, KeyTo
                              dir_prefix, entry_key, removed_key)
 from ..store import NotFound, PreconditionFailed
 from .entries import EntryIO, entry_identity
+from .sentclaims import SentClaims
 from .state import CoreState
 
 log = logging.getLogger(__name__)
@@ -76,9 +77,7 @@ class DirRemovals:
         self.entries = entries
         self._clock = itertools.count()
         self._slots: dict[str, _Slot] = {}
-        # The claims this node's rmdirs sent, by key (their ``moving_at``): one whose
-        # reply was lost is found on the next try and is known as this node's own.
-        self._sent_claims: dict[str, float] = {}
+        self._sent_claims = SentClaims()     # (one whose reply was lost is ours)
 
     # ------------------------------------------------------------------ writers
 
@@ -299,9 +298,9 @@ class DirRemovals:
             done = await self._remove_dir(key, ident, journaled)
         except FsError as exc:
             if exc.errno != errno.EIO:
-                self._sent_claims.pop(key, None)
+                self._sent_claims.forget(key)
             raise
-        self._sent_claims.pop(key, None)
+        self._sent_claims.forget(key)
         return done
 
     async def _remove_dir(self, key: str, ident: str | None, journaled: bool) -> bool:
@@ -324,7 +323,7 @@ class DirRemovals:
                 log.info("%s holds another object now: left as it is", key)
                 await self._unmark(marked)
                 return True
-            own = entry.moving_at == self._sent_claims.get(key) and \
+            own = self._sent_claims.own(key, entry) and \
                 entry.moving_to == removed_key(entry.id)
             if entry.claim_is_live(time.time(), self.st.config.rename_claim_ttl) and not own:
                 if journaled and entry.moving_to == removed_key(entry.id):
@@ -340,7 +339,7 @@ class DirRemovals:
             mark_key = removed_key(entry.id)
             if not own:     # (this node's claim, its reply lost: ``etag`` is the claim's)
                 claim = dataclasses.replace(entry, moving_to=mark_key, moving_at=time.time())
-                self._sent_claims[key] = claim.moving_at
+                self._sent_claims.sent(key, claim.moving_at)
                 try:
                     etag = await self.entries._store(functools.partial(
                         self.st.store.put, key, claim.to_json(), if_match=etag))

@@ -94,11 +94,9 @@ class Rename:
         if target is not None:
             if target.ino == inode.ino or (inode.link_id and target.link_id == inode.link_id):
                 return      # two names of one file: rename(2) does nothing
-            if self.st.deciding_at_release(target.ino):
-                # Its close is being decided (a last release's): that save is the name's
+            if await self.st.until_decided_at_release(target.ino):
+                # Its close was being decided (a last release's): that save is the name's
                 # until this rename, so the rename comes after it (take_closed_version).
-                while self.st.deciding_at_release(target.ino):
-                    await trio.sleep(0.005)
                 raise TargetChanged()
             if flags & RENAME_NOREPLACE:
                 raise FsError(errno.EEXIST)

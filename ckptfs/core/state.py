@@ -445,6 +445,15 @@ class CoreState:
         rt = self.runtime.get(ino)
         return ino in self.closing_at_release and rt is not None and rt.session is not None
 
+    async def until_decided_at_release(self, ino: int) -> bool:
+        """Wait while ``deciding_at_release``: the decision ends the session when it
+        commits, before any upload, so this is short.  Whether it waited."""
+        waited = False
+        while self.deciding_at_release(ino):
+            waited = True
+            await trio.sleep(0.005)
+        return waited
+
     @staticmethod
     def version_of(inode: Inode) -> tuple:
         """The closed version a reader opening ``inode`` now gets (``Handle.snapshot``)."""

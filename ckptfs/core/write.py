@@ -74,11 +74,10 @@ class WritePath:
         """The write session of an inode, started if there is none: a version of its own
         (empty for O_TRUNC, else a copy of the current content), so the closed version
         stays as it was until this session's close replaces it."""
-        while self.st.deciding_at_release(inode.ino):
-            # The last writer's close is being decided at its last release: this session
-            # starts after it, from the version it closes.  Joined instead, an O_TRUNC
-            # open cut that version, and a writer killed then took it along.
-            await trio.sleep(0.005)
+        # The last writer's close being decided at its last release: this session
+        # starts after it, from the version it closes.  Joined instead, an O_TRUNC open
+        # cut that version, and a writer killed then took it along.
+        await self.st.until_decided_at_release(inode.ino)
         rt = self.st._rt(inode.ino)     # (after the wait: the decision drops the old one)
         async with rt.session_lock:
             session = rt.session
