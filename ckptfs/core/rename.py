@@ -18,7 +18,8 @@ from . import unsure
 from .critical import no_await
 from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
-from .entries import closed_mtime, entry_identity
+from .entries import entry_identity
+from .taken import holds_taken_version, leave_taken_version, take_closed_version
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -148,8 +149,10 @@ class Rename:
         # of it is in flight, and looks at the store then.  The replaced one's publish
         # in flight lands first, so the record knows to delete it.
         inos = [target_ino] if target_ino is not None and target_ino != inode.ino else []
+        if holds_taken_version(inode):
+            inos.append(inode.ino)    # (no entry PUT of the save it took in flight)
         async with AsyncExitStack() as locks:
-            for ino in inos:
+            for ino in sorted(inos):
                 await locks.enter_async_context(self.st._rt(ino).lock)
             inode = self.st.ns.get(inode.ino)
             if not inode.parent or self.st.ns.lookup(old_parent, old_name) != inode.ino:
@@ -157,14 +160,18 @@ class Rename:
             if self.st.ns.lookup(new_parent, new_name) != target_ino:
                 raise TargetChanged()
             old_dir, new_dir = self.st.ns.get(old_parent), self.st._dir(new_parent)
-            record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
-                      "name": old_name.hex(), "to_id": new_dir.dir_id,
-                      "to_name": new_name.hex(), "type": inode.type,
-                      "seals": inode.type == "dir" and inode.staged,
-                      **self.entries._identity(inode), "replaced": None}
             # One commit: the local rename and its log record (two let an ENOSPC between
             # them move the name here while the store was never told).
             with self.st.ns.batch():
+                if holds_taken_version(inode):
+                    if inode.published:     # the save it took landed: it goes with the name
+                        self.held.log_delete(inode, old_dir, old_name)
+                    leave_taken_version(self.st, inode, self.publisher._journal_done_publish)
+                record = {"kind": "move", "ino": inode.ino, "parent_id": old_dir.dir_id,
+                          "name": old_name.hex(), "to_id": new_dir.dir_id,
+                          "to_name": new_name.hex(), "type": inode.type,
+                          "seals": inode.type == "dir" and inode.staged,
+                          **self.entries._identity(inode), "replaced": None}
                 replaced = self._move_and_log(inode, record, old_dir, old_name, new_dir,
                                               new_name)
             if replaced is not None and not replaced.parent and \
@@ -355,6 +362,8 @@ class Rename:
             old_dir = self.st.ns.get(old[0])
             old_key = entry_key(dir_id_of(old_dir), old[1])
             new_key = entry_key(dir_id_of(new_dir), new_name)
+            if holds_taken_version(inode):
+                await self._leave_taken_version(inode, old_key)
             remote = target if target is not None and target.published and \
                 not target.links_pending else None     # a replaced name the store has
             stored = bool(inode.published and not inode.links_pending or inode.held or
@@ -395,6 +404,15 @@ class Rename:
         if sealed_here:
             self.seals._sealed(inode)       # pointers waiting for it, retention
 
+    async def _leave_taken_version(self, inode: Inode, old_key: str) -> None:
+        """Sync: ``inode`` moves on from the name whose save it took (``taken.py``): the
+        entry its publish left there goes first, then the version is left here.  (A
+        store failure after this fails the rename, the save already left.)"""
+        if inode.published and not inode.links_pending:
+            await self.entries._delete_if_same(old_key, self.entries._identity(inode)["ident"])
+        with self.st.ns.batch():
+            leave_taken_version(self.st, inode, self.publisher._journal_done_publish)
+
     @no_await
     def _move_locally(self, inode: Inode, old_dir: Inode, old: tuple[int, bytes],
                       new_parent: int, new_name: bytes, seals: bool,
@@ -422,30 +440,6 @@ class Rename:
         if new_parent != old_dir.ino:
             self.names._mark_parent_changed(self.st.ns.get(new_parent))
         return sealed_here
-
-
-@no_await
-def take_closed_version(st: CoreState, inode: Inode, replaced: Inode) -> bool:
-    """``inode``, a file with no closed version yet, replaces ``replaced``, whose last
-    closed version has not landed in the store (its publish queued or refused, or its
-    close decided at a last release): that version stays the name's closed version
-    until ``inode``'s own close.  It becomes ``inode``'s -- a hard link of its staging
-    file, published under the name -- as an ``O_TRUNC`` open over ``replaced`` would
-    leave it.  Dropped with ``replaced``, the store kept the save before it (or none)
-    on every node.  Whether it was taken (the caller journals the publish)."""
-    if replaced.type != "file" or replaced.link_id or inode.link_id or \
-            not replaced.dirty or replaced.ino in st._held_pointers or \
-            not st.staging.exists(replaced.ino, replaced.ver):
-        return False
-    ver = inode.max_ver + 1
-    st.staging.link_from(replaced.ino, replaced.ver, inode.ino, ver)
-    st.ns.on_rollback(lambda: st.staging.remove(inode.ino, ver))
-    inode.max_ver, inode.ver, inode.dirty, inode.local_copy = ver, ver, True, True
-    inode.closed_mtime_ns = closed_mtime(replaced)    # (its session's times are its own)
-    st.ns.save(inode)
-    log.info("%s: a file not closed yet replaced a save that has not landed: that save "
-             "stays the name's until its close", st._path_for_log(inode))
-    return True
 
 
 def _own_attributes_where_it_lands(inode: Inode) -> None:

@@ -108,6 +108,10 @@ class Inode:
     unsure: list[list[str]] = field(default_factory=list)
     # Files: the save id of the published content (``chunks``): the entry's ``save``.
     save_id: str | None = None
+    # Files: the staging version taken over by a rename over a save that had not landed
+    # (core/taken.py): while it is ``ver``, the closed version is the name's, and a
+    # rename on leaves it there.  0: none.
+    taken_ver: int = 0
 
     @property
     def st_mode(self) -> int:

@@ -22,7 +22,7 @@ import trio
 from ckptfs.core import Config
 from ckptfs.format.remote import CHUNKS_PREFIX, Entry, entry_key
 from ckptfs.meta.namespace import ROOT_INO
-from ckptfs.store import MemoryStore
+from ckptfs.store import MemoryStore, NotFound
 from support.core import WRITE_NEW, Core, HeldCheck, open_core, reached, two_cores
 
 pytestmark = pytest.mark.trio
@@ -135,3 +135,50 @@ async def test_a_rename_over_a_save_still_being_decided_at_its_release_waits_for
             await b.fs.wait_idle()
         for node in (a, b):
             assert await node.load(await node.resolve("f0")) == big
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("landed", [False, True], ids=["before-it-lands", "after-it-lands"])
+@pytest.mark.parametrize("then", ["closed", "killed"])
+async def test_the_save_taken_stays_with_its_name_when_the_file_moves_on(
+        tmp_path: Path, durability: str, landed: bool, then: str):
+    """Soak seed 1215567: the save the unclosed file took is the *name's* closed version,
+    not the file's.  Renamed on (back to where it came from) before its own close, the
+    file leaves that save behind with the name, which it replaced here: the name goes,
+    and the file has no closed version -- a killed writer leaves nothing, and the save
+    never shows up under the name the file moved to.  Before, the save moved with the
+    file: its killed writer left B's save under ``t1``, a name it never had."""
+    store = MemoryStore(gate_limit=30)
+    async with two_cores(tmp_path, store, Config(durability=durability, upload_hold=0.0,
+                                                 metadata_ttl=0.0)) as (a, b):
+        await a.save(ROOT_INO, b"f0", OLD)
+        await a.fs.wait_idle()
+        await b.names()
+        uploading = store.gate("put", prefix=CHUNKS_PREFIX)
+        await _b_saves_f0(b, "exit" if durability == "sync" else "replace")
+        await reached(uploading)
+        handle, _ = await b.fs.create(ROOT_INO, b"t1", 0o644, WRITE_NEW, 0, 0, b.me())
+        await b.fs.rename(ROOT_INO, b"t1", ROOT_INO, b"f0", 0)
+        if landed:
+            uploading.release()
+            with trio.fail_after(30):
+                await b.fs.wait_idle()
+            assert _stored(store) == len(SAVED)
+        await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"t1", 0)      # and back
+        if not landed:
+            uploading.release()
+        if then == "closed":
+            await b.fs.write(handle.fh, 0, NEXT)
+            await b.fs.flush(handle.fh)
+        await b.fs.release(handle.fh)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        want = {"t1": NEXT} if then == "closed" else {}
+        with pytest.raises(NotFound):
+            store.get(KEY)          # f0 is gone here: from the store too
+        for node in (a, b):
+            names = await node.names()
+            assert names == sorted(want), \
+                f"{'ab'[node is b]}: {names}, not {sorted(want)} (the save moved with the file)"
+            for name, data in want.items():
+                assert await node.load(await node.resolve(name)) == data
