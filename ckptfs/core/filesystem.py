@@ -99,6 +99,7 @@ class Filesystem:
     mount_device = _Shared()
     died_unclean = _Shared()
     observe = _Shared()
+    invalidate_attributes = _Shared()
     after_seal = _Shared()
     _held_pointers = _Shared()
     closing_at_release = _Shared()

@@ -281,6 +281,9 @@ class Refresh:
             self.st._drop_version_if_unused(ino, inode.ver)
         self.st.ns.save(inode)
         if content_changed:
+            # Its size now, before any reply can serve the new version (the queue's
+            # invalidation may come after the next open and fstat: a torn read).
+            self.st.invalidate_attributes(ino)
             self.st.invalidate(ino)
 
     @no_await

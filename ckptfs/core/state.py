@@ -271,6 +271,9 @@ class CoreState:
         # An attribute, so core tests inject it.
         self.died_unclean: Callable[[Opener], bool] = died_unclean
         self.observe: Callable[[str, float], None] = lambda what, seconds: None  # metrics
+        # The kernel forgets an inode's cached attributes before this returns (the
+        # daemon's ``InodeInvalidations.attributes_now``; ``invalidate`` only queues).
+        self.invalidate_attributes: Callable[[int], None] = lambda ino: None
         # May an open hand the kernel its staging file (kernel passthrough)?  Set by the
         # daemon from what the FUSE library and the kernel agreed at FUSE_INIT.
         self.passthrough_available: Callable[[], bool] = lambda: False

@@ -43,6 +43,21 @@ class InodeInvalidations:
             self._waiting.add(ino)
         self._queue.put(ino)
 
+    def attributes_now(self, ino: int) -> None:
+        """The kernel forgets ``ino``'s cached attributes before this returns; its pages
+        are left to the queue.  For a version taken behind the kernel's back (another
+        node's save taken in place): the next open serves it, and the kernel's size of
+        the version before would cut or stretch its reads until the queue got there
+        (a reader found no zip directory at the size it was given).  Safe on the trio
+        thread: an attribute-only invalidation takes no lock a request holds (the
+        kernel's ``fuse_reverse_inval_inode`` with no page range; no writeback cache)."""
+        if self._closed or self._thread is None:
+            return
+        try:
+            self._invalidate(ino, True)
+        except OSError:
+            pass        # the kernel does not know the inode: nothing cached
+
     def start(self) -> None:
         """Begin sending (the FUSE session is up); what was asked before goes first."""
         thread = threading.Thread(target=self._run, name="ckptfs-invalidate", daemon=True)

@@ -517,6 +517,7 @@ class Daemon:
                     invalidate=invalidations,
                     invalidate_entry=self._invalidate_entry,
                     check_complete=self._completeness_check())
+                fs.invalidate_attributes = invalidations.attributes_now
                 self.peers, peer_listeners = await bind_peers(
                     self.opts, self.config.lease_ttl, store, cache, fs.leases.node_id)
                 metrics = self._start_metrics(fs, staging)

@@ -85,3 +85,21 @@ def test_nothing_is_sent_after_close():
     time.sleep(0.1)
     assert kernel.calls == [(1, False)]
     assert not inval._thread.is_alive()
+
+
+def test_attributes_now_are_forgotten_on_the_callers_thread_before_it_returns():
+    """A version taken behind the kernel's back: its attributes at once, attribute-only,
+    not through the queue; nothing before start or after close; an inode the kernel
+    does not know is no error."""
+    kernel = Kernel()
+    inval = InodeInvalidations(kernel.invalidate)
+    inval.attributes_now(4)                 # no FUSE session yet
+    assert kernel.calls == []
+    inval.start()
+    inval.attributes_now(4)
+    assert kernel.calls == [(4, True)]      # before it returned
+    inval.attributes_now(13)                # unknown to the kernel: quietly nothing
+    assert kernel.thread_names == {threading.current_thread().name}
+    inval.close()
+    inval.attributes_now(5)
+    assert kernel.calls == [(4, True)]

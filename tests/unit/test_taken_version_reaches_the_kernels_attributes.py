@@ -1,0 +1,64 @@
+"""A version taken in place from another node's save must reach the kernel's
+attributes before any reply can serve it (DESIGN.md promise 1: never a torn read).
+
+Found by hostile run E (3 of 14 runs) and reproduced without frameworks: node B read
+a file A kept saving in place, alternating two sizes; B's listing took A's new
+version on the same inode, and the kernel's cached size of the version before was
+only forgotten by the invalidation queue's thread.  An open and ``fstat`` that came
+first got the old size and read the new bytes: a zip reader found no central
+directory at the size it was given.  With the queue's thread held 30 ms per call
+(``/tmp/torn``, note of stop 47), 26 of 2 926 reads were torn; after the fix, 0 of
+3 433.  The take now forgets the kernel's attributes at once
+(``InodeInvalidations.attributes_now``, attribute-only: it takes no lock a request
+holds); the pages are still left to the queue (an open of another version drops them:
+no ``keep_cache``).
+
+Here the queue never delivers anything (the slowest thread there is) and the
+``attributes_now`` hook records what the kernel was told at once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptfs.core import Config
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import Core, open_core
+
+pytestmark = pytest.mark.trio
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("how", ["listing", "lookup"])
+async def test_a_version_taken_in_place_reaches_the_kernels_size_before_an_open(
+        tmp_path: Path, durability: str, how: str):
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=0.0)
+    queued: list[int] = []                  # the invalidation queue: never delivered
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config, invalidate=queued.append) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        forgotten: list[int] = []
+        b.fs.invalidate_attributes = forgotten.append
+        await a.save(ROOT_INO, b"f", b"x" * 1048593)
+        await a.fs.wait_idle()
+        ino = await b.resolve("f")
+        kernel_size = b.fs.getattr(ino).size        # what the kernel caches
+        assert kernel_size == 1048593
+        await a.save(ROOT_INO, b"f", b"y" * 1048576)
+        await a.fs.wait_idle()
+        if how == "listing":
+            await b.names()
+        else:
+            assert await b.resolve("f") == ino     # taken on the same inode (no reader)
+        handle = await b.fs.open(ino, os.O_RDONLY, b.me())
+        try:
+            served = await b.fs.read(handle.fh, 0, 2 << 20)
+        finally:
+            await b.fs.release(handle.fh)
+        assert served == b"y" * 1048576
+        assert ino in forgotten, \
+            "the open serves the new version while the kernel may still hold the old size"
