@@ -95,6 +95,7 @@ class Filesystem:
     oplog = _Shared()
     queue = _Shared()
     leases = _Shared()
+    invalidate = _Shared()
     invalidate_entry = _Shared()
     mount_device = _Shared()
     died_unclean = _Shared()

@@ -8,16 +8,28 @@ the backing file; the kernel's rules are checked at every open: while an inode h
 backing file, an open that is not passthrough, or one with another backing file, fails
 (fs/fuse/iomode.c: EIO to the program) -- here an AssertionError naming it.
 
+The kernel's attribute and dentry caches too: sizes from lookup and getattr replies, valid for the
+metadata TTL (the daemon's ``attr_timeout``), forgotten at once by
+``invalidate_attributes`` and by the invalidation queue only when its thread gets there
+(``deliver``: the model calls it between steps, the slowest a thread can be).  ``load``
+reads by the size the kernel holds, as a zip reader seeks by ``fstat``: it must be the
+size of the version the daemon serves (hostile run E's torn reads).  This node's own
+changes make the kernel ask again (conservative: the kernel knows them, the stand-in
+does not model how).
+
 Knows the façade's public methods and ``Handle``'s fields; nothing behind the façade
 but the one switch the daemon sets too (``passthrough_available``)."""
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 
 from ckptfs.errors import FsError
 from ckptfs.procstat import Opener
+
+from ckptfs.meta.namespace import ROOT_INO
 
 from .core import Core, me
 
@@ -25,6 +37,58 @@ from .core import Core, me
 @dataclass
 class KernelCore(Core):
     backing: dict[int, tuple[int, int]] = field(default_factory=dict)   # fh: (ino, fd)
+    sizes: dict[int, tuple[int, float]] = field(default_factory=dict)   # ino: (size, until)
+    queued: list[int] = field(default_factory=list)     # invalidations not delivered yet
+    dentries: dict[tuple[int, bytes], tuple[int, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fs.invalidate = self.queued.append
+        self.fs.invalidate_attributes = self.forget
+
+    def forget(self, ino: int) -> None:
+        self.sizes.pop(ino, None)
+
+    def deliver(self) -> None:
+        """The invalidation queue's thread gets there."""
+        for ino in self.queued:
+            self.forget(ino)
+        self.queued.clear()
+
+    def _cache(self, ino: int, size: int) -> None:
+        ttl = self.fs.config.metadata_ttl
+        if ttl > 0:
+            self.sizes[ino] = (size, time.monotonic() + ttl)
+
+    def i_size(self, ino: int) -> int:
+        """The size ``fstat`` gives: the kernel's while valid, else a getattr's."""
+        cached = self.sizes.get(ino)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        size = self.fs.getattr(ino).size
+        self._cache(ino, size)
+        return size
+
+    async def resolve(self, path: str) -> int:
+        """As ``Core.resolve``, through the kernel's dentry cache: a name looked up within
+        the TTL is not looked up again (so no listing starts, and no attributes come
+        with it) -- where the dentry still names what the daemon has there (a dentry
+        left behind by another node's rename is the TTL's accepted lag, not modelled).
+        Each lookup reply's attributes go to the kernel's cache."""
+        ino = ROOT_INO
+        for part in [p for p in path.split("/") if p]:
+            name = part.encode()
+            cached = self.dentries.get((ino, name))
+            if cached is not None and cached[1] > time.monotonic() and \
+                    self.fs.ns.lookup(ino, name) == cached[0]:
+                ino = cached[0]
+                continue
+            parent = ino
+            ino = (await self.fs.lookup(parent, name)).ino
+            self._cache(ino, self.fs.getattr(ino).size)
+            ttl = self.fs.config.metadata_ttl
+            if ttl > 0:
+                self.dentries[(parent, name)] = (ino, time.monotonic() + ttl)
+        return ino
 
     def use_passthrough(self) -> None:
         """The kernel, library and capability allow passthrough (as on this machine)."""
@@ -52,16 +116,20 @@ class KernelCore(Core):
     async def create(self, parent: int, name: bytes, mode: int, flags: int,
                      opener: Opener | None = None):
         handle, inode = await self.fs.create(parent, name, mode, flags, 0, 0, opener or me())
+        self.forget(inode.ino)
         self._opened(handle, self._backing_of(inode.ino))
         return handle, inode
 
     async def open(self, ino: int, flags: int, opener: Opener | None = None):
         had = self._backing_of(ino)
         handle = await self.fs.open(ino, flags, opener or me())
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            self.forget(ino)
         self._opened(handle, had)
         return handle
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
+        self.forget(self.fs.st.handles[fh].ino)
         if fh in self.backing:
             return os.pwrite(self.backing[fh][1], data, offset)
         return await self.fs.write(fh, offset, data)
@@ -77,6 +145,8 @@ class KernelCore(Core):
         lookup from another process): the size must be the bytes it wrote (its i_size),
         whether the close is decided yet or not (soak seed 1215482)."""
         writable = fh in self.backing and self.fs.st.handles[fh].writable
+        if self.fs.st.handles[fh].writable:
+            self.forget(self.fs.st.handles[fh].ino)
         await self.fs.release(fh)
         held = self.backing.pop(fh, None)
         if held is None:
@@ -113,7 +183,11 @@ class KernelCore(Core):
     async def load(self, ino: int) -> bytes:
         handle = await self.open(ino, os.O_RDONLY)
         try:
-            size = self.fs.getattr(ino).size    # the kernel's i_size, from the daemon
-            return await self.read(handle.fh, 0, max(size, 1))
+            size = self.i_size(ino)
+            data = await self.read(handle.fh, 0, size + 1)
         finally:
             await self.release(handle.fh)
+        assert len(data) == size, \
+            (f"inode {ino}: the kernel's size is {size} and the version served has "
+             f"{len(data)} bytes (a reader seeking by fstat reads it torn)")
+        return data

@@ -272,7 +272,7 @@ MAX_READERS = 3
 class Run:
     """One program over two nodes and the model it must match."""
 
-    def __init__(self, nodes: list[Core],
+    def __init__(self, nodes: list[KernelCore],
                  restart: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.nodes = nodes
         self.restart = restart
@@ -300,6 +300,8 @@ class Run:
         if kind == "race":
             await self.race(op[2], op[3], op[4])
             return
+        for each in self.nodes:
+            each.deliver()          # the invalidation queues got there (support/kernel.py)
         await self.switch_to(n)
         node, m = self.nodes[n], self.model
         fs: Filesystem = node.fs

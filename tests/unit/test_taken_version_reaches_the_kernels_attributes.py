@@ -22,11 +22,13 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
 
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
 from support.core import Core, open_core
+from support.kernel import KernelCore
 
 pytestmark = pytest.mark.trio
 
@@ -62,3 +64,32 @@ async def test_a_version_taken_in_place_reaches_the_kernels_size_before_an_open(
         assert served == b"y" * 1048576
         assert ino in forgotten, \
             "the open serves the new version while the kernel may still hold the old size"
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_reader_through_the_kernels_caches_reads_by_the_size_of_what_it_is_served(
+        tmp_path: Path, durability: str):
+    """The hostile run's timeline, through the kernel stand-in's dentry and attribute
+    caches (``support/kernel.py``; TTL 1 s): B looks ``b`` up half a TTL after its last
+    listing; A saves a smaller ``b``; past the listing's TTL, B's lookup of *another*
+    name lists again and takes ``b``'s new version in place, while ``b``'s dentry and
+    size are still valid in the kernel and the invalidation queue has not got there.
+    B then opens ``b`` and reads it by the kernel's size.  (A stall of the machine over
+    the margins only makes the caches expire: then the test finds nothing, never a
+    false failure.)"""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=1.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = KernelCore(a_fs, store), KernelCore(b_fs, store)
+        await a.save(ROOT_INO, b"a", b"a" * 10)
+        await a.save(ROOT_INO, b"b", b"x" * 100)
+        await a.fs.wait_idle()
+        await b.names()
+        await trio.sleep(0.5)
+        assert await b.load(await b.resolve("b")) == b"x" * 100
+        await a.save(ROOT_INO, b"b", b"y" * 50)
+        await a.fs.wait_idle()
+        await trio.sleep(0.55)
+        await b.resolve("a")            # lists again: takes b's new version in place
+        assert await b.load(await b.resolve("b")) == b"y" * 50
