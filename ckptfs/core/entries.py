@@ -366,7 +366,7 @@ class EntryIO:
                 inode.local_copy = False
                 self.st.cache.untrack_local(inode.ino)
                 self.st._drop_version_if_unused(inode.ino, inode.ver)
-            self.st.invalidate(inode.ino)
+            self.st.taken_behind_the_kernel(inode.ino)
         self.st.ns.save(inode)
 
     async def _rewrite_entry(self, inode: Inode, key: str | None = None, moves=False) -> None:

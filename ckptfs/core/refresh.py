@@ -281,10 +281,7 @@ class Refresh:
             self.st._drop_version_if_unused(ino, inode.ver)
         self.st.ns.save(inode)
         if content_changed:
-            # Its size now, before any reply can serve the new version (the queue's
-            # invalidation may come after the next open and fstat: a torn read).
-            self.st.invalidate_attributes(ino)
-            self.st.invalidate(ino)
+            self.st.taken_behind_the_kernel(ino)
 
     @no_await
     def _forget_vanished(self, dir_inode: Inode, remote: dict, local: dict,

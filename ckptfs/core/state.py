@@ -308,6 +308,15 @@ class CoreState:
             return FsError(errno.ESTALE, f"{why}: the name has moved to a fresh inode")
         return FsError.enoent(why)
 
+    def taken_behind_the_kernel(self, ino: int) -> None:
+        """Another node's version of a file was taken in place (a listing, an entry
+        rewrite that found it): the kernel forgets the file's attributes before any
+        reply can serve that version -- the queue's invalidation may come after the
+        next open and ``fstat``, whose old size a zip reader seeks by (a torn read,
+        hostile run E) -- and its pages soon (no lock a request holds is taken here)."""
+        self.invalidate_attributes(ino)
+        self.invalidate(ino)
+
     def refuse_if_moved_away(self, ino: int) -> None:
         """ESTALE for a step on an inode whose name moved to a fresh one (``moved_away``):
         the VFS retries a path step once with LOOKUP_REVAL, which finds the fresh one."""

@@ -524,8 +524,7 @@ class Daemon:
                 self._start_retention(fs, nursery)
                 ops, self.data_path = fuse_ops(self.config, fs, control_path, metrics)
                 self.ops = ops
-                options = set(pyfuse3.default_options)
-                options |= {"fsname=ckptfs", "subtype=ckptfs"}
+                options = set(pyfuse3.default_options) | {"fsname=ckptfs", "subtype=ckptfs"}
                 if self.allow_other:
                     options.add("allow_other")
                 late_replies.install()

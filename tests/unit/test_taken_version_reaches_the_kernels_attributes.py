@@ -93,3 +93,29 @@ async def test_a_reader_through_the_kernels_caches_reads_by_the_size_of_what_it_
         await trio.sleep(0.55)
         await b.resolve("a")            # lists again: takes b's new version in place
         assert await b.load(await b.resolve("b")) == b"y" * 50
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_newer_save_found_by_a_rewrite_here_reaches_the_kernels_size(
+        tmp_path: Path, durability: str):
+    """A rewrite of the entry here (a setxattr: its reply carries no attributes) that
+    finds another node's newer save takes it in place too (``EntryIO``): the kernel
+    must forget the size it holds before the next open is served."""
+    store = MemoryStore()
+    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=60.0)
+    async with open_core(tmp_path / "a", store, config) as a_fs, \
+            open_core(tmp_path / "b", store, config) as b_fs:
+        a, b = Core(a_fs, store), Core(b_fs, store)
+        forgotten: list[int] = []
+        b.fs.invalidate_attributes = forgotten.append
+        await a.save(ROOT_INO, b"f", b"x" * 100)
+        await a.fs.wait_idle()
+        ino = await b.resolve("f")
+        await a.save(ROOT_INO, b"f", b"y" * 50)
+        await a.fs.wait_idle()
+        # (TTL 60 s: no listing takes it first)
+        await b.fs.setxattr(ino, b"user.step", b"7")
+        await b.fs.wait_idle()
+        assert b.fs.getattr(ino).size == 50, "the rewrite did not take the newer save"
+        assert ino in forgotten, \
+            "the newer save is served here while the kernel may hold the old size"
