@@ -35,7 +35,9 @@ class ListedDirIds:
         this node knows under a name elsewhere (or under no name, kept for its work) is a
         directory another node moved here: this node's inode moves to the new name.
         Returns the inodes such a move took a name from (the caller forgets that name
-        as vanished).  (Part of the apply phase: no await.)"""
+        as vanished).  A directory under two names because another node's rename of it
+        is under way (the old entry carries the claim naming the new key) is listed
+        under the new name only.  (Part of the apply phase: no await.)"""
         ancestors = set()
         cur = dir_inode
         while True:
@@ -45,13 +47,21 @@ class ListedDirIds:
             cur = self.st.ns.get(cur.parent)
         claimed: dict[str, bytes] = {}
         displaced: list[tuple[Inode, bytes]] = []
-        for name in sorted(fetched):
+        # The source of a rename under way (its claim names the new key) after the
+        # other names: its id is then claimed by the new name it is moving to.
+        for name in sorted(fetched, key=lambda n: (fetched[n][0].moving_to is not None, n)):
             entry, _ = fetched[name]
             if entry.type != "dir":
                 continue
             reason = None
             if entry.id in ancestors:
                 reason = "names its own ancestor (a directory loop)"
+            elif entry.id in claimed and entry.moving_to == \
+                    entry_key(dir_id_of(dir_inode), claimed[entry.id]):
+                # Under both names for a moment (decision 0006: the old one goes next):
+                # the new name only, as if the rename were done.
+                del fetched[name]
+                continue
             elif entry.id in claimed:
                 reason = f"has the same directory id as {claimed[entry.id]!r}"
             else:
@@ -87,11 +97,10 @@ class ListedDirIds:
             other = fetched.get(holder.name)
             reused = other is not None and (other[0].type != "dir" or
                                             other[0].id != entry.id)
-            if not reused:
-                if other is None or other[0].moving_to != \
-                        entry_key(dir_id_of(dir_inode), name):
-                    return f"has the same directory id as {holder.name!r}"
-                return None
+            if not reused and (other is None or other[0].moving_to !=
+                               entry_key(dir_id_of(dir_inode), name)):
+                return f"has the same directory id as {holder.name!r}"
+            # (the claimed source of a rename to this name: moved here, as below)
         if not self._movable(holder):
             # A rename of this node is under way there: the next listing, once it
             # is done, moves the directory.
