@@ -19,6 +19,8 @@ Here the queue never delivers anything (the slowest thread there is) and the
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -33,18 +35,27 @@ from support.kernel import KernelCore
 pytestmark = pytest.mark.trio
 
 
-@pytest.mark.parametrize("durability", ["sync", "async"])
-@pytest.mark.parametrize("how", ["listing", "lookup"])
-async def test_a_version_taken_in_place_reaches_the_kernels_size_before_an_open(
-        tmp_path: Path, durability: str, how: str):
+@asynccontextmanager
+async def _b_recording(tmp_path: Path, durability: str, ttl: float
+                       ) -> AsyncIterator[tuple[Core, Core, list[int]]]:
+    """Nodes A and B; B's invalidation queue never delivers, and what B tells the
+    kernel to forget at once is recorded (the list yielded)."""
     store = MemoryStore()
-    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=0.0)
-    queued: list[int] = []                  # the invalidation queue: never delivered
+    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=ttl)
+    queued: list[int] = []
     async with open_core(tmp_path / "a", store, config) as a_fs, \
             open_core(tmp_path / "b", store, config, invalidate=queued.append) as b_fs:
         a, b = Core(a_fs, store), Core(b_fs, store)
         forgotten: list[int] = []
         b.fs.invalidate_attributes = forgotten.append
+        yield a, b, forgotten
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("how", ["listing", "lookup"])
+async def test_a_version_taken_in_place_reaches_the_kernels_size_before_an_open(
+        tmp_path: Path, durability: str, how: str):
+    async with _b_recording(tmp_path, durability, 0.0) as (a, b, forgotten):
         await a.save(ROOT_INO, b"f", b"x" * 1048593)
         await a.fs.wait_idle()
         ino = await b.resolve("f")
@@ -101,13 +112,7 @@ async def test_a_newer_save_found_by_a_rewrite_here_reaches_the_kernels_size(
     """A rewrite of the entry here (a setxattr: its reply carries no attributes) that
     finds another node's newer save takes it in place too (``EntryIO``): the kernel
     must forget the size it holds before the next open is served."""
-    store = MemoryStore()
-    config = Config(durability=durability, upload_hold=0.0, metadata_ttl=60.0)
-    async with open_core(tmp_path / "a", store, config) as a_fs, \
-            open_core(tmp_path / "b", store, config) as b_fs:
-        a, b = Core(a_fs, store), Core(b_fs, store)
-        forgotten: list[int] = []
-        b.fs.invalidate_attributes = forgotten.append
+    async with _b_recording(tmp_path, durability, 60.0) as (a, b, forgotten):
         await a.save(ROOT_INO, b"f", b"x" * 100)
         await a.fs.wait_idle()
         ino = await b.resolve("f")

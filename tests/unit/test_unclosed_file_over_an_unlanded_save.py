@@ -14,6 +14,8 @@ leave it), and it is published under the name."""
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,18 @@ async def _b_saves_f0(b: Core, how: str) -> None:
         await b.fs.rename(ROOT_INO, b"t0", ROOT_INO, b"f0", 0)
 
 
+@asynccontextmanager
+async def _f0_saved_by_a(tmp_path: Path, store: MemoryStore, durability: str
+                         ) -> AsyncIterator[tuple[Core, Core]]:
+    """Two nodes; A has saved ``f0`` (``OLD``), and B has listed it."""
+    async with two_cores(tmp_path, store, Config(durability=durability, upload_hold=0.0,
+                                                 metadata_ttl=0.0)) as (a, b):
+        await a.save(ROOT_INO, b"f0", OLD)
+        await a.fs.wait_idle()
+        await b.names()
+        yield a, b
+
+
 def _stored(store: MemoryStore) -> int:
     return Entry.from_json(store.get(KEY)[0]).size
 
@@ -60,11 +74,7 @@ def _stored(store: MemoryStore) -> int:
 async def test_an_unclosed_file_over_an_unlanded_save_keeps_that_save_under_the_name(
         tmp_path: Path, durability: str, how: str, then: str):
     store = MemoryStore(gate_limit=30)
-    async with two_cores(tmp_path, store, Config(durability=durability, upload_hold=0.0,
-                                                 metadata_ttl=0.0)) as (a, b):
-        await a.save(ROOT_INO, b"f0", OLD)
-        await a.fs.wait_idle()
-        await b.names()
+    async with _f0_saved_by_a(tmp_path, store, durability) as (a, b):
         # B's save is held at its upload (a sync close waits for it but for the one
         # decided at the last release, which nobody waits for).
         held = durability == "async" or how == "exit"
@@ -149,11 +159,7 @@ async def test_the_save_taken_stays_with_its_name_when_the_file_moves_on(
     never shows up under the name the file moved to.  Before, the save moved with the
     file: its killed writer left B's save under ``t1``, a name it never had."""
     store = MemoryStore(gate_limit=30)
-    async with two_cores(tmp_path, store, Config(durability=durability, upload_hold=0.0,
-                                                 metadata_ttl=0.0)) as (a, b):
-        await a.save(ROOT_INO, b"f0", OLD)
-        await a.fs.wait_idle()
-        await b.names()
+    async with _f0_saved_by_a(tmp_path, store, durability) as (a, b):
         uploading = store.gate("put", prefix=CHUNKS_PREFIX)
         await _b_saves_f0(b, "exit" if durability == "sync" else "replace")
         await reached(uploading)
