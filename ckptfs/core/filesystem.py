@@ -101,6 +101,7 @@ class Filesystem:
     died_unclean = _Shared()
     observe = _Shared()
     invalidate_attributes = _Shared()
+    passthrough_available = _Shared()
     after_seal = _Shared()
     _held_pointers = _Shared()
     closing_at_release = _Shared()

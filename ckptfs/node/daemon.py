@@ -331,7 +331,7 @@ def fuse_ops(config: Config, fs: Filesystem, control_path: str,
     fuse/datapath.py), the core told when an open may use passthrough."""
     data_path = DataPath(pyfuse3, config.passthrough, config.writeback_cache,
                          has_cap_sys_admin(), sync=config.durability == "sync")
-    fs.st.passthrough_available = data_path.available
+    fs.passthrough_available = data_path.available
     ops = FuseOps(fs, control_path, config.metadata_ttl,
                   writeback_cache=config.writeback_cache, metrics=metrics,
                   passthrough=data_path.wanted)

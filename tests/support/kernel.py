@@ -17,8 +17,8 @@ size of the version the daemon serves (hostile run E's torn reads).  This node's
 changes make the kernel ask again (conservative: the kernel knows them, the stand-in
 does not model how).
 
-Knows the façade's public methods and ``Handle``'s fields; nothing behind the façade
-but the one switch the daemon sets too (``passthrough_available``)."""
+Knows the façade's public methods, its shared state and hooks, and ``Handle``'s fields;
+nothing behind the façade."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class KernelCore(Core):
 
     def use_passthrough(self) -> None:
         """The kernel, library and capability allow passthrough (as on this machine)."""
-        self.fs.st.passthrough_available = lambda: True
+        self.fs.passthrough_available = lambda: True
 
     def _backing_of(self, ino: int) -> int | None:
         return next((fd for i, fd in self.backing.values() if i == ino), None)
@@ -129,7 +129,7 @@ class KernelCore(Core):
         return handle
 
     async def write(self, fh: int, offset: int, data: bytes) -> int:
-        self.forget(self.fs.st.handles[fh].ino)
+        self.forget(self.fs.handles[fh].ino)
         if fh in self.backing:
             return os.pwrite(self.backing[fh][1], data, offset)
         return await self.fs.write(fh, offset, data)
@@ -144,9 +144,9 @@ class KernelCore(Core):
         the kernel may ask for the file's attributes before anything else happens (a
         lookup from another process): the size must be the bytes it wrote (its i_size),
         whether the close is decided yet or not (soak seed 1215482)."""
-        writable = fh in self.backing and self.fs.st.handles[fh].writable
-        if self.fs.st.handles[fh].writable:
-            self.forget(self.fs.st.handles[fh].ino)
+        writable = fh in self.backing and self.fs.handles[fh].writable
+        if self.fs.handles[fh].writable:
+            self.forget(self.fs.handles[fh].ino)
         await self.fs.release(fh)
         held = self.backing.pop(fh, None)
         if held is None:
