@@ -131,7 +131,7 @@ class Attributes:
                 or mtime_ns is not None
             publish = metadata and inode.published and not inode.dirty and \
                 bool(inode.parent) and ino != ROOT_INO
-            logged = publish and self.st._deferred() and not inode.link_id
+            logged = publish and self.st._deferred()
             # Async: the change and its log record are one commit (two let an ENOSPC
             # between them keep a change the caller was told failed, here only).
             with self.st.ns.batch():
@@ -214,9 +214,10 @@ class Attributes:
         """A published entry's new attributes reach the store: at once in sync mode; in
         async mode as a record of the metadata log (``_exec_attrs``), so they land under
         the name the store has for the inode at that point of the log, never under a
-        name a pending rename has not moved it to yet.  A hard-linked inode's content
-        lives in its shared object, whatever its names: rewritten at once."""
-        if not self.st._deferred() or inode.link_id:
+        name a pending rename has not moved it to yet (a hard-linked inode's in its
+        shared object, by the same record: during an outage the change is this node's
+        at once, as any other)."""
+        if not self.st._deferred():
             await self.entries._rewrite_entry(inode)
             return
         self._log_attributes(inode)

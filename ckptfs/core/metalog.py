@@ -363,10 +363,12 @@ class MetaLogApply:
         key = self._logged_key(record)
         async with self.st._rt(ino).lock:
             inode = self.st.ns.maybe_get(ino)
-            if inode is not None and inode.parent and inode.published \
-                    and not inode.link_id:
+            if inode is not None and inode.names and inode.published:
                 try:
-                    await self._rewrite_moving_on(inode, key)
+                    if inode.link_id:   # its shared object, whatever its names
+                        await self.entries._rewrite_entry(inode)
+                    else:
+                        await self._rewrite_moving_on(inode, key)
                 except FsError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
