@@ -212,6 +212,11 @@ class Rename:
                 ident = self.held.hand_over(inode, replaced, new_dir, new_name)
                 if ident is not None and inode.published:
                     record["replaced"] = {"ident": ident}
+                elif ident is not None:
+                    # The hold passes to it: what the move finds there is this node's
+                    # (its first publish in flight lands under the old name, and the
+                    # move then meets the held entry: hostile run G).
+                    record["target_held"] = [ident]
             took = never_closed and take_closed_version(self.st, inode, replaced)
             self.st.ns.unlink(replaced, new_parent, new_name)
         self.st._touch_dir(old_parent)
