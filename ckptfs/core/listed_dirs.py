@@ -97,10 +97,13 @@ class ListedDirIds:
             other = fetched.get(holder.name)
             reused = other is not None and (other[0].type != "dir" or
                                             other[0].id != entry.id)
-            if not reused and (other is None or other[0].moving_to !=
-                               entry_key(dir_id_of(dir_inode), name)):
+            # Listed changed (a claim) and gone when read: a rename that finished.
+            gone = other is None and remote[holder.name][1] != holder.remote_etag
+            if not reused and not gone and (other is None or other[0].moving_to !=
+                                            entry_key(dir_id_of(dir_inode), name)):
                 return f"has the same directory id as {holder.name!r}"
-            # (the claimed source of a rename to this name: moved here, as below)
+            # (the claimed source of a rename to this name, or a finished one: moved
+            # here, as below)
         if not self._movable(holder):
             # A rename of this node is under way there: the next listing, once it
             # is done, moves the directory.

@@ -56,3 +56,40 @@ async def test_a_listing_during_another_nodes_directory_rename_shows_it_once(
         assert names == [new.decode()], names
         assert inside == ["model.pt"]
         assert await b.names() == [new.decode()]
+
+
+async def test_a_listing_that_finds_the_old_name_gone_when_it_reads_it_moves_the_directory(
+        tmp_path: Path, caplog):
+    """Hostile run G (3 a minute): the LIST still had the old name (its entry changed:
+    the claim), and by the time the listing read it the rename was done and it was
+    gone.  The node, which knew the directory under the old name, called the *new*
+    name corrupt (EIO for it)."""
+    store = MemoryStore(gate_limit=30)
+    config = Config(durability="sync", upload_hold=0.0, metadata_ttl=0.0)
+    old, new = b"tmp-step-1", b"step-1"
+    async with two_cores(tmp_path, store, config) as (a, b):
+        made = await a.fs.mkdir(ROOT_INO, old, 0o755, 0, 0)
+        await a.save(made.ino, b"model.pt", b"weights")
+        await a.fs.wait_idle()
+        assert await b.names() == [old.decode()]
+        deleting = store.gate("delete", prefix=entry_key("root", old))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.fs.rename, ROOT_INO, old, ROOT_INO, new, 0)
+            await reached(deleting)
+            reading = store.gate("get", prefix=entry_key("root", old))    # B's read of it
+            caplog.clear()
+            listing: list[list[str]] = []
+
+            async def b_lists() -> None:
+                listing.append(await b.names())
+            nursery.start_soon(b_lists)
+            try:
+                await reached(reading)
+            finally:
+                deleting.release()          # the rename finishes: the old name is gone
+            await trio.sleep(0.2)
+            reading.release()
+        listed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not listed, listed
+        assert listing == [[new.decode()]], listing
+        assert await b.names(await b.resolve(new.decode())) == ["model.pt"]
