@@ -368,7 +368,7 @@ class MetaLogApply:
                     if inode.link_id:   # its shared object, whatever its names
                         await self.entries._rewrite_entry(inode)
                     else:
-                        await self._rewrite_moving_on(inode, key)
+                        await rewrite_moving_on(self.st, self.entries, inode, key)
                 except FsError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
@@ -376,23 +376,6 @@ class MetaLogApply:
                     # the next publish of this node's version, if there is one.
                     log.info("attributes of %s not rewritten: %s", key, exc.reason)
         self.st._drop_rt(ino)
-
-    async def _rewrite_moving_on(self, inode: Inode, key: str) -> None:
-        """The rewrite of ``_exec_attrs``; when another node's save came in while
-        readers here hold the version before, the name went to a fresh inode (theirs
-        stays: ``moved_from_its_readers``), and the attributes go on with it."""
-        parent, name = inode.parent, inode.name
-        try:
-            await self.entries._rewrite_entry(inode, key, moves=True)
-        except FsError as exc:
-            fresh = self.st.ns.lookup(parent, name)
-            if exc.errno != errno.ESTALE or fresh is None or fresh == inode.ino:
-                raise
-            moved = self.st.ns.get(fresh)
-            moved.attrs_unsent = list(inode.attrs_unsent)
-            async with self.st._rt(fresh).lock:
-                await self.entries._rewrite_entry(moved, key)
-            self.st._drop_rt(fresh)
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
         started = time.monotonic()
@@ -437,3 +420,21 @@ def _dir_ident(record: dict) -> str | None:
     """The directory a ``delete`` record removes: its own, or one its mkdir sent
     unanswered (``unsure``)."""
     return record.get("ident") or next(iter(record.get("unsure") or ()), None)
+
+
+async def rewrite_moving_on(st: CoreState, entries: EntryIO, inode: Inode, key: str) -> None:
+    """The rewrite of ``_exec_attrs``; when another node's save came in while readers
+    here hold the version before, the name went to a fresh inode (theirs stays:
+    ``moved_from_its_readers``), and the attributes go on with it."""
+    parent, name = inode.parent, inode.name
+    try:
+        await entries._rewrite_entry(inode, key, moves=True)
+    except FsError as exc:
+        fresh = st.ns.lookup(parent, name)
+        if exc.errno != errno.ESTALE or fresh is None or fresh == inode.ino:
+            raise
+        moved = st.ns.get(fresh)
+        moved.attrs_unsent = list(inode.attrs_unsent)
+        async with st._rt(fresh).lock:
+            await entries._rewrite_entry(moved, key)
+        st._drop_rt(fresh)
