@@ -10,12 +10,13 @@ import time
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..meta.oplog import Blocked, OpDropped
-from ..format.remote import (MAX_CHUNK_SIZE, BadEntry, Entry, entry_key)
-from ..store import NotFound
+from ..format.remote import Entry, entry_key
 
 from . import unsure
 from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name, records_follow
-from .entries import content_entry
+from .entries import content_entry, entry_identity
+from .joined import join_dir
+from .linkcount import count_out_link
 from .state import CoreState, dir_id_of
 from typing import TYPE_CHECKING
 
@@ -100,7 +101,7 @@ class MetaLogApply:
                 await self.entries.landed(key)
             else:
                 try:
-                    await self._join_dir(inode, key)
+                    await join_dir(self.st, self.entries, inode, key)
                 except NameTaken as exc:
                     # Kept under a name of its own; the log tries that name next.
                     self._rename_to_conflict(seq, record, inode, str(exc))
@@ -137,60 +138,6 @@ class MetaLogApply:
                         name.decode(errors="replace"))
         return name, {"conflict": [wanted, tried + 1]}
 
-    async def _join_dir(self, inode: Inode, key: str) -> None:
-        """The name was taken in the store meanwhile (two ranks' ``makedirs``, or this
-        node's own put before a restart): a directory there is joined, with its id."""
-        try:
-            body, etag = await self.entries._store(self.st.store.get, key)
-        except NotFound:
-            raise FsError(errno.EIO, f"{key} vanished while creating it") from None
-        try:
-            other = Entry.from_json(body, MAX_CHUNK_SIZE)
-        except BadEntry as exc:
-            raise NameTaken(f"the store's entry {key} is corrupt ({exc})") from None
-        if other.type != "dir":
-            raise NameTaken(f"another node made {key} a {other.type}")
-        old_id = dir_id_of(inode)
-        if other.id is None:
-            raise NameTaken(f"the store's entry {key} is a directory without an id")
-        if other.id != old_id:
-            log.info("%s was created by another node too: joined its directory",
-                     self.st._path_for_log(inode))
-            await self.st.leases.dir_id_changed(inode.ino, other.id)
-            self.st.oplog.alias(old_id, other.id)
-            self.st.ns.change_dir_id(inode, other.id)
-            inode.staged = other.staged
-        inode.published, inode.remote_etag, inode.listed_at = True, etag, 0.0
-        self.st.ns.save(inode)
-        if other.id != old_id:
-            await self._rehome_children(inode, old_id)
-        if inode.attrs_unsent:
-            # Changed here since (a chmod while the mkdir waited): the joined entry does
-            # not have it yet.  Sent now; another node's newer changes stay.
-            await self.entries._rewrite_entry(inode, key)
-
-    async def _rehome_children(self, inode: Inode, old_id: str) -> None:
-        """Entries already published under a joined directory's old id move to its
-        new one (files renamed into it before it reached the store)."""
-        for name, child in self.st.ns.children(inode.ino):
-            async with self.st._rt(child).lock:
-                child_inode = self.st.ns.maybe_get(child)
-                if child_inode is None or not child_inode.published:
-                    continue
-                old_key = entry_key(old_id, name)
-                try:
-                    body, _ = await self.entries._store(self.st.store.get, old_key)
-                except NotFound:
-                    continue
-                new_key = entry_key(dir_id_of(inode), name)
-                new_etag = await self.entries._store(self.st.store.put, new_key, body)
-                await self.entries.landed(new_key)
-                await self.entries._store(self.st.store.delete, old_key)
-                if not child_inode.link_id:
-                    child_inode.remote_etag = new_etag
-                    self.st.ns.save(child_inode)
-            self.st._drop_rt(child)
-
     async def _wait_publishes_before(self, seq: int, dir_ino: int) -> None:
         """Until the uploads below a directory closed before record ``seq`` are in the
         store (failed-for-good ones excepted: they never will be)."""
@@ -202,6 +149,9 @@ class MetaLogApply:
             await self.st.queue.wait_change()
 
     async def _exec_move(self, seq: int, record: dict) -> None:
+        if record.get("count_out"):     # moved over a link already (_move_over_link)
+            await count_out_link(self.entries, record["count_out"])
+            return
         ino = record["ino"]
         old_key = self._logged_key(record)
         new_key = self._logged_key(record, "to_id", "to_name")
@@ -230,27 +180,56 @@ class MetaLogApply:
                                  *record.get("target_held", ()),
                                  *unsure.under(inode, new_key)) if i}
                 try:
-                    seals = await self._move_locked(inode, old_key, new_key, seals,
-                                                    replaced, expect)
+                    seals, _ = await self._move_locked(inode, old_key, new_key, seals,
+                                                       replaced, expect)
                 except NameTaken as exc:
                     # (a conflict name taken too: the next one, never "saved over")
-                    if exc.found is None or exc.found[0].type != "file" \
+                    if exc.found is None or exc.found[0].type not in ("file", "link") \
                             or self._moved_on_since(seq, ino) \
                             or record.get("conflict"):
                         self._move_to_conflict(seq, record, inode, str(exc))
                         raise Blocked(f"renamed after a conflict: {exc}") from None
-                    await self._saved_over_after_the_rename(record, inode, old_key,
-                                                            *exc.found)
+                    if exc.found[0].type == "link":
+                        assert expect is not None     # (a file's move)
+                        seals, record = await self._move_over_link(
+                            seq, record, inode, (old_key, new_key), seals, replaced,
+                            expect, exc.found[0])
+                    else:
+                        await self._saved_over_after_the_rename(record, inode, old_key,
+                                                                *exc.found)
         self.st._drop_rt(ino)
+        if record.get("count_out"):
+            await count_out_link(self.entries, record["count_out"])
         if seals:
             self.seals._sealed(inode)
 
+    async def _move_over_link(self, seq: int, record: dict, inode: Inode,
+                              keys: tuple[str, str], seals: bool, replaced: str | None,
+                              expect: set[str], link: Entry) -> tuple[bool, dict]:
+        """Another node renamed a hard-linked file's name onto the name this file was
+        renamed to, after the rename was made here (soak seed 1215583).  The serial order
+        is that rename, then this one: this file replaces the link (as a rename over a
+        linked name does), and the link is counted out of its shared object -- after the
+        move, by this node, whose write replaced it (``linkcount.py``), noted in the
+        record first so that a retry counts it out and moves nothing."""
+        seals, gone = await self._move_locked(inode, *keys, seals, replaced,
+                                              expect | {entry_identity(link)})
+        if gone is not None and gone.type == "link" and gone.link == link.link:
+            record = {**record, "count_out": link.link}
+            self.st.oplog.update(seq, record)
+            log.info("%s: another node renamed a hard-linked name there after this node's "
+                     "rename to it; this file replaces it", self.st._path_for_log(inode))
+        return seals, record
+
     async def _move_locked(self, inode: Inode, old_key: str, new_key: str, seals: bool,
-                           replaced: str | None, expect: set[str] | None) -> bool:
-        """The store steps of a move, under the inode's lock; whether it sealed."""
+                           replaced: str | None, expect: set[str] | None
+                           ) -> tuple[bool, Entry | None]:
+        """The store steps of a move, under the inode's lock: whether it sealed, and
+        the entry it replaced under the new key (None: none)."""
         ino = inode.ino
+        gone: Entry | None = None
         try:
-            await self.moves.move_entry(inode, old_key, new_key, seals, expect)
+            gone = await self.moves.move_entry(inode, old_key, new_key, seals, expect)
         except FsError as exc:
             if exc.errno == errno.ENOTEMPTY:
                 # Over a directory another node wrote into meanwhile (decision 0028):
@@ -259,7 +238,7 @@ class MetaLogApply:
                             "directory first; %s stays", new_key, old_key)
                 self.st._touch_dir(inode.parent)
                 self.st.ns.save(inode)
-                return False
+                return False, None
             if exc.errno != errno.ENOENT:
                 raise
             # Not in the store under its old name.  Never published there: its own
@@ -278,7 +257,7 @@ class MetaLogApply:
         if seals:
             inode.staged = False
         self.st.ns.save(inode)
-        return seals
+        return seals, gone
 
     async def _saved_over_after_the_rename(self, record: dict, inode: Inode, old_key: str,
                                            entry: Entry, etag: str) -> None:

@@ -20,6 +20,7 @@ from ..format.remote import (MAX_CHUNK_SIZE, MAX_RDEV, SPECIAL_TYPES, TYPE_OF_BI
                      entry_key)
 from ..store import NotFound, StoreError
 from .critical import no_await
+from .linkcount import unlink_linked
 from .removals import DirRemovals
 from .state import ALL_ATTRIBUTES, CoreState, Handle, dir_id_of
 from collections.abc import Awaitable, Callable
@@ -358,10 +359,10 @@ class Names:
                 if not await self.removals.remove_dir(key, self.entries._identity(inode)["ident"]):
                     self.st._touch_dir(inode.ino)    # the next lookup lists what came
                     raise FsError(errno.ENOTEMPTY)
+            elif inode.published and inode.link_id and not inode.links_pending:
+                await unlink_linked(self.entries, inode, entry_key(dir_id_of(parent), name))
             elif inode.published and not inode.links_pending:
                 await self.entries._store(self.st.store.delete, entry_key(dir_id_of(parent), name))
-                if inode.link_id:
-                    await self.entries._change_nlink(inode, -1)
             elif self.st._deferred():
                 local_step = functools.partial(self.release_held, inode, parent, name)
             else:

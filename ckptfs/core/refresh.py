@@ -215,6 +215,12 @@ class Refresh:
         # asks about; a listing of a large directory read every child twice before)
         etags_now = {ino: self.st.ns.get(ino).remote_etag
                      for name, ino in local.items() if name not in remote}
+        # Rewritten by this node while the listing ran, taken before this apply's own
+        # changes: a linked inode's first name taken here gives it the object's new
+        # ETag, and its other names here must not take that for a rewrite of this node.
+        rewritten = {ino for ino, etag in etags_before.items()
+                     if (now := self.st.ns.maybe_get(ino)) is not None
+                     and now.remote_etag != etag}
         if not changed_locally:
             displaced = self.dir_ids.check(dir_inode, fetched, remote, local, corrupt)
             for inode, name in displaced:   # its name went to a directory moved here
@@ -233,8 +239,7 @@ class Refresh:
                 ino = holder.ino
             inode = self.st.ns.get(ino)
             if inode.dirty or self.st._writers(ino) or changed_locally or not inode.published \
-                    or self.st._locked(ino) \
-                    or inode.remote_etag != etags_before.get(ino, inode.remote_etag):
+                    or self.st._locked(ino) or ino in rewritten:
                 continue
             if inode.type != entry.type or (entry.type == "dir" and inode.dir_id != entry.id) \
                     or (inode.link_id != entry.link and

@@ -18,7 +18,7 @@ import trio
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, TransientStoreError
-from support.core import two_cores
+from support.core import reached, two_cores
 
 pytestmark = pytest.mark.trio
 
@@ -56,3 +56,31 @@ async def test_attributes_of_a_linked_file_succeed_in_an_outage_and_land_after(
                 assert attrs.mtime_ns == MTIME, name
             else:
                 assert b.fs.getxattr(attrs.ino, b"user.step") == b"7", name
+
+
+async def test_a_listing_of_another_names_directory_keeps_a_change_not_landed(
+        tmp_path: Path):
+    """The record of a linked file's chown waits for the store; meanwhile a listing of
+    the directory of the file's *other* name fetches its shared object, which has the
+    owner before.  The chown stays (the lone-node rename test's flake: a name in the
+    other directory showed the old owner after a lookup listed that directory)."""
+    store = MemoryStore()
+    config = Config(durability="async", upload_hold=0.0, metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, _):
+        one = (await a.fs.mkdir(ROOT_INO, b"one", 0o755, 0, 0)).ino
+        two = (await a.fs.mkdir(ROOT_INO, b"two", 0o755, 0, 0)).ino
+        ino = await a.save(one, b"x", b"weights")
+        await a.fs.link(ino, two, b"y")
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        landing = store.gate("put", prefix="inodes/")
+        await a.fs.setattr(ino, uid=1234)
+        await reached(landing)
+        await a.fs.refresh_dir(two, force=True)
+        assert a.fs.getattr(ino).uid == 1234, \
+            "a listing took the shared object's owner from before the chown"
+        landing.release()
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        await a.fs.refresh_dir(two, force=True)
+        assert a.fs.getattr(ino).uid == 1234

@@ -1,0 +1,73 @@
+"""Counting one name out of a hard-linked file's shared inode object, by its link id
+(decision 0008), for the node whose write replaced that name's link entry in the store
+-- which need not hold the linked file at all: another node renamed one of its names
+over a name this node then renamed a file onto (soak seed 1215583).
+
+Only the node whose compare-and-swap took the link entry away counts it out (an unlink
+that finds another node's object under the name counts nothing, ``names.py``): a link
+counted out twice takes the object while another name still links it, and that name
+then answers EIO.  The object is rewritten as the store has it, with one name less
+(compare-and-swap on its ETag); it goes only with its last counted name.  Nothing of
+this node's view of the file is written: a node holding it adopts the count at its next
+compare-and-swap on the object, which this one makes fail.
+
+Knows the store's inode objects and the retry of ``EntryIO``; nothing of FUSE or of the
+metadata log (``count_out_link`` nothing of this node's inodes either).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+
+from ..errors import FsError
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, inode_key
+from ..store import NotFound, PreconditionFailed
+from ..meta.namespace import Inode
+from .entries import EntryIO, entry_identity
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 8
+
+
+async def count_out_link(entries: EntryIO, link_id: str) -> None:
+    """One name fewer in the shared object ``link_id``; the object goes with its last
+    name.  An object already gone stays gone; one whose count says no name is left
+    (corrupt, or older than counts) is left as it is, with a WARNING: never deleted on
+    a count that cannot be right."""
+    key = inode_key(link_id)
+    store = entries.st.store
+    for _ in range(ATTEMPTS):
+        try:
+            body, etag = await entries._store(store.get, key)
+        except NotFound:
+            return
+        try:
+            obj = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except BadEntry as exc:
+            raise FsError(errno.EIO, f"corrupt inode object {key}: {exc}") from None
+        try:
+            if obj.nlink == 1:
+                await entries._store(functools.partial(store.delete, key, if_match=etag))
+            elif obj.nlink > 1:
+                obj.nlink -= 1
+                await entries._store(functools.partial(store.put, key, obj.to_json(),
+                                                       if_match=etag))
+            else:
+                log.warning("inode object %s counts no name, yet one more linked it: left "
+                            "as it is", key)
+            return
+        except PreconditionFailed:
+            continue        # changed meanwhile (another count, a save): read it again
+    raise FsError(errno.EIO, f"{key} keeps changing; link count not changed")
+
+
+async def unlink_linked(entries: EntryIO, inode: Inode, key: str) -> None:
+    """Remove ``key``, a name of the hard-linked ``inode``: the link this node knows
+    there goes and is counted out.  Another node's object there now (its rename over the
+    name, which counted the link out itself) stays, and nothing is counted: the serial
+    order is this unlink, then that rename."""
+    if await entries._delete_if_same(key, entry_identity(entries._entry_of(inode))):
+        await entries._change_nlink(inode, -1)
