@@ -223,9 +223,13 @@ class Attributes:
         self._log_attributes(inode)
 
     def _log_attributes(self, inode: Inode) -> None:
+        """The record, which keeps every directory with a name of the inode busy until
+        it lands: a listing of any of them meanwhile would take the store's attributes
+        from before (a hard-linked file's other names share them)."""
         parent = self.st.ns.get(inode.parent)
         self.st.oplog.add({"kind": "attrs", "ino": inode.ino, "parent_id": parent.dir_id,
-                        "name": inode.name.hex()}, dirs=[parent.ino])
+                           "name": inode.name.hex()},
+                          dirs=sorted({p for p, _ in inode.names}))
 
     async def _set_size(self, inode: Inode, size: int, fh: int | None = None) -> None:
         """truncate/ftruncate: inside an open write session it changes the working

@@ -73,13 +73,18 @@ async def test_a_listing_of_another_names_directory_keeps_a_change_not_landed(
         await a.fs.link(ino, two, b"y")
         with trio.fail_after(30):
             await a.fs.wait_idle()
-        landing = store.gate("put", prefix="inodes/")
+        await a.save(ROOT_INO, b"other", b"o")
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        # An earlier record of the log waits for the store: the chown's waits behind it.
+        earlier = store.gate("get", prefix="dirs/root/other")
+        await a.fs.unlink(ROOT_INO, b"other")
+        await reached(earlier)
         await a.fs.setattr(ino, uid=1234)
-        await reached(landing)
         await a.fs.refresh_dir(two, force=True)
         assert a.fs.getattr(ino).uid == 1234, \
             "a listing took the shared object's owner from before the chown"
-        landing.release()
+        earlier.release()
         with trio.fail_after(30):
             await a.fs.wait_idle()
         await a.fs.refresh_dir(two, force=True)
