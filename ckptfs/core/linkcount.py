@@ -64,6 +64,22 @@ async def count_out_link(entries: EntryIO, link_id: str) -> None:
     raise FsError(errno.EIO, f"{key} keeps changing; link count not changed")
 
 
+async def count_out_replaced(entries: EntryIO, replaced: Entry | None,
+                             holder: Inode | None) -> None:
+    """A rename's write replaced ``replaced`` under its new name: a link is counted
+    out of its object -- through ``holder``, the inode this node knew there, when it is
+    that linked file, else by id (another node's rename put the link there since this
+    node looked).  Nothing when the rename replaced no link: one renamed away by
+    another node meanwhile is that node's, and counting it out would delete the
+    object under its new name."""
+    if replaced is None or replaced.type != "link" or not replaced.link:
+        return
+    if holder is not None and holder.link_id == replaced.link:
+        await entries._change_nlink(holder, -1)
+    else:
+        await count_out_link(entries, replaced.link)
+
+
 async def unlink_linked(entries: EntryIO, inode: Inode, key: str) -> None:
     """Remove ``key``, a name of the hard-linked ``inode``: the link this node knows
     there goes and is counted out.  Another node's object there now (its rename over the

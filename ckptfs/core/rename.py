@@ -19,6 +19,7 @@ from .critical import no_await
 from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
 from .entries import entry_identity
+from .linkcount import count_out_replaced
 from .taken import holds_taken_version, leave_taken_version, take_closed_version
 from typing import TYPE_CHECKING
 
@@ -392,12 +393,9 @@ class Rename:
                         replaced = known
             if remote is None and target is not None:
                 self.held.hand_over(inode, target, new_dir, new_name)
-            if remote is not None and remote.link_id and replaced is not None and \
-                    replaced.type == "link" and replaced.link == remote.link_id:
-                # The replaced name was one link of a shared inode: count it out (only
-                # if it was still there: renamed away by another node meanwhile, the
-                # link is that node's, and counting it out would delete the object).
-                await self.entries._change_nlink(self.st.ns.get(remote.ino), -1)
+            # (a link it replaced: counted out, by this node, whose write replaced it)
+            await count_out_replaced(self.entries, replaced, self.st.ns.maybe_get(
+                remote.ino) if remote is not None else None)
             # What the store has moved, here must follow (one commit).
             never_closed = self.held.never_closed(inode)
             sealed_here = self.st.record_store_change(

@@ -122,3 +122,24 @@ async def test_an_unlink_of_a_linked_name_another_node_replaced_counts_nothing_o
         for node in (a, b):
             assert await contents(node) == {"f1": LINKED, "lnk": A_DATA}, \
                 "not the serial order 'B unlinks lnk, then A renames tmp there'"
+
+
+async def test_a_rename_over_a_name_another_node_just_made_a_link_counts_it_out(
+        tmp_path: Path):
+    """Sync: B renames ``lnk`` over ``dst``; A, which has not listed since and knows
+    ``dst`` as a plain file, renames ``tmp`` over it.  A's write replaced the link: A
+    counts it out, so that removing ``f1`` afterwards removes the file's object (before:
+    the count stayed one too high, and the object outlived every name)."""
+    async with nodes(tmp_path, "sync") as (a, b, store):
+        await linked_pair(a, b)
+        await a.save(ROOT_INO, b"dst", b"the version both nodes know")
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        await b.fs.rename(ROOT_INO, b"lnk", ROOT_INO, b"dst", 0)
+        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+        for node in (a, b):
+            assert await contents(node) == {"dst": A_DATA, "f1": LINKED}
+        assert await linked_nlink(store, a, "f1") == 1, \
+            "the link A's rename replaced was not counted out"
+        await a.fs.unlink(ROOT_INO, b"f1")
+        assert not [k for k in store.keys() if k.startswith("inodes/")], \
+            "the shared object outlived its last name"
