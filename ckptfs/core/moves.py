@@ -135,7 +135,13 @@ class EntryMoves:
             raise FsError.enoent(f"the directory of {new_key} was removed by another node")
         await self.delete_claimed(old_key, claim_etag)
         self.st.ns.journal_done(seq)
-        if not inode.link_id:   # a linked inode's ETag is its inode object's
+        if foreign is not None:
+            # It moved another kind of entry than this inode's (a link another node
+            # made of its name): its ETag is not this inode's, which the next listing
+            # reads again instead -- taken for its own, it hid every later save of the
+            # linked file from this node (soak seed 1215586).
+            inode.remote_etag = None
+        elif not inode.link_id:   # a linked inode's ETag is its inode object's
             inode.remote_etag = new_etag
         return replaced
 

@@ -143,3 +143,29 @@ async def test_a_rename_over_a_name_another_node_just_made_a_link_counts_it_out(
         await a.fs.unlink(ROOT_INO, b"f1")
         assert not [k for k in store.keys() if k.startswith("inodes/")], \
             "the shared object outlived its last name"
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_rename_that_moved_a_link_it_did_not_know_learns_the_linked_file(
+        tmp_path: Path, durability: str):
+    """A hard-links ``f0`` as ``f1``; B, which has not listed since and knows ``f0`` as
+    a plain file, renames it to ``f2``: the store's link entry moves (a rename moves
+    whatever file entry it finds).  A then saves new bytes through ``f1``.  B's ``f2``
+    must show them: it is the linked file (soak seed 1215586, once: B kept the bytes
+    from before, as its inode took the moved link entry's ETag for its own plain
+    entry's, and no listing read it again)."""
+    async with nodes(tmp_path, durability) as (a, b, store):
+        ino = await a.save(ROOT_INO, b"f0", b"the bytes before " * 10)
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        await a.fs.link(ino, ROOT_INO, b"f1")
+        await b.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f2", 0)
+        with trio.fail_after(30):
+            await b.fs.wait_idle()
+        await a.save(ROOT_INO, b"f1", LINKED)
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        for label, node in (("A", a), ("B", b)):
+            assert await contents(node) == {"f1": LINKED, "f2": LINKED}, \
+                f"{label}: f2 is not the linked file"
