@@ -81,6 +81,13 @@ class Recovery:
                     self.st.staging.remove(ino, ver)
                     continue
                 kept = self.st.staging.abandon(ino, ver)
+                if known is None:
+                    # Its inode was removed (replaced by a rename, unlinked) while a
+                    # reader or an upload still held this version: nothing names it.
+                    log.info("staging version %d.%d belongs to no inode (replaced or "
+                             "removed while a reader or an upload held it): kept at %s",
+                             ino, ver, kept)
+                    continue
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
         await self.replay_journal()
