@@ -66,8 +66,8 @@ class Opening:
         """A new handle, with the page-cache flags the kernel gets for it
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
         self.st.refuse_if_moved_away(ino)   # a dentry the kernel kept: ESTALE
-        self._refuse_if_replaced(ino)
         writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        self._refuse_if_replaced(ino, writable or bool(flags & os.O_TRUNC))
         await self.wait_for_passthrough_readers(ino, writable)
         if writable:
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
@@ -78,14 +78,16 @@ class Opening:
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
 
-    def _refuse_if_replaced(self, ino: int) -> None:
+    def _refuse_if_replaced(self, ino: int, writes: bool) -> None:
         """An open of an inode that has no name left: the kernel resolved the name just
-        before a rename replaced it (or an unlink removed it).  rename(2) replaces a
-        name atomically: ESTALE makes the kernel look the name up again and open what it
-        names now (ENOENT if nothing): a hostile run's reader missed a name ``os.replace``
-        kept replacing, up to 44 ms on end."""
+        before a rename replaced it (or an unlink removed it).  A reader gets the version
+        it had while the inode is still here (``linger.py``: the open came first); a
+        writer, or an open of an inode gone, gets ESTALE, which makes the kernel look the
+        name up again and open what it names now (ENOENT if nothing): rename(2)
+        replaces a name atomically, and a hostile run's reader missed a name
+        ``os.replace`` kept replacing, up to 44 ms on end."""
         inode = self.st.ns.maybe_get(ino)
-        if inode is None or not inode.parent:
+        if inode is None or (not inode.parent and (writes or inode.type != "file")):
             raise FsError(errno.ESTALE, "replaced or removed: the name is looked up again")
 
     def _lingering_passthrough(self, ino: int, writable: bool) -> bool:
@@ -271,7 +273,7 @@ class Opening:
             session = await self.writes._join_session(inode, truncate)
             if truncate:
                 session.wrote = True
-        self._refuse_if_replaced(ino)       # (meanwhile)
+        self._refuse_if_replaced(ino, writable)       # (meanwhile)
         inode = self.st.ns.get(ino)
         handle = self._new_handle(inode, opener, writable)
         if writable:

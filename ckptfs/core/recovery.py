@@ -119,8 +119,9 @@ class Recovery:
         is owed to the store.  Nothing in the store changes: a listing of its new place
         takes it again.  Before, such a directory stayed in the metadata for good.  So
         does a file unlinked while open (or whose name moved to a fresh inode beside a
-        reader, ``Opening._fresh_inode_for_name``) when the daemon stopped before its
-        last release: its record and local copy stayed for good."""
+        reader, ``Opening._fresh_inode_for_name``, or one a rename replaced, lingering)
+        when the daemon stopped before its last release: its record and local copy
+        stayed for good."""
         pending = set(self.st.ns.publish_pending())
         for inode in list(self.st.ns.all_inodes()):
             if inode.parent or inode.ino == ROOT_INO or self._owes(inode, pending):
@@ -146,8 +147,11 @@ class Recovery:
                 return True
             return any(self._owes(self.st.ns.get(child), pending)
                        for _, child in self.st.ns.children(inode.ino))
-        return inode.dirty or inode.ino in self.st.queue.queued or \
-            inode.ino in pending or bool(inode.aliases)
+        # A file under no name owes nothing: no publish of it can name it (a closed
+        # version of a file unlinked while open, or replaced while it lingered,
+        # ``linger.py``; its pending publish is dropped with it).
+        return bool(inode.aliases) or bool(inode.parent) and (
+            inode.dirty or inode.ino in self.st.queue.queued or inode.ino in pending)
 
     def _drop_tree(self, inode: Inode) -> None:
         for name, child in self.st.ns.children(inode.ino):

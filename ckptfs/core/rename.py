@@ -19,6 +19,7 @@ from .critical import no_await
 from .state import ALL_ATTRIBUTES, RENAME_EXCHANGE, RENAME_NOREPLACE, CoreState, dir_id_of
 from .names import check_name_or_raise
 from .entries import entry_identity
+from .linger import linger_then_delete
 from .linkcount import count_out_replaced
 from .taken import holds_taken_version, leave_taken_version, take_closed_version
 from typing import TYPE_CHECKING
@@ -177,7 +178,7 @@ class Rename:
                                               new_name)
             if replaced is not None and not replaced.parent and \
                     not self.st._is_open(replaced.ino):
-                self.publisher._delete_inode(replaced)
+                linger_then_delete(self.st, replaced, self.publisher._delete_inode)
         for ino in inos + [inode.ino]:
             self.st._drop_rt(ino)
         self.st._sync_journal_soon()
@@ -436,7 +437,8 @@ class Rename:
             if not replaced.parent and not self.st._is_open(replaced.ino):
                 # Its staging files go only once the move is committed (a failed
                 # commit shows it again, named).
-                self.st.ns.after_commit(lambda: self.publisher._delete_inode(replaced))
+                self.st.ns.after_commit(lambda: linger_then_delete(
+                    self.st, replaced, self.publisher._delete_inode))
         _own_attributes_where_it_lands(inode)
         self.st.ns.move(inode, new_parent, new_name, old=old)
         self.names._mark_parent_changed(old_dir)

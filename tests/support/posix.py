@@ -83,7 +83,7 @@ class Opens:
 def reading_in_a_loop(path: Path, prefix: bytes) -> Iterator[Opens]:
     """A thread opens and reads ``path`` over and over while the block runs; each read
     must start with ``prefix`` (one version of the file, whole), and each ENOENT is
-    counted as a miss."""
+    counted as a miss; any other error fails the block."""
     stop, seen, failures = threading.Event(), Opens(), []
 
     def loop() -> None:
@@ -96,6 +96,8 @@ def reading_in_a_loop(path: Path, prefix: bytes) -> Iterator[Opens]:
                 seen.reads += 1
             except FileNotFoundError:
                 seen.missed += 1
+            except OSError as exc:      # (ESTALE: the thread died quietly before)
+                failures.append(f"open or read failed: {exc}".encode())
     thread = threading.Thread(target=loop)
     thread.start()
     try:
@@ -103,4 +105,4 @@ def reading_in_a_loop(path: Path, prefix: bytes) -> Iterator[Opens]:
     finally:
         stop.set()
         thread.join()
-    assert not failures, f"read something else than a version: {failures[:3]}"
+    assert not failures, f"read something else than a version, or failed: {failures[:3]}"

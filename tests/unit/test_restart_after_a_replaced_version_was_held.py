@@ -14,7 +14,7 @@ import shutil
 import pytest
 import trio
 
-from ckptfs.core import Config
+from ckptfs.core import Config, linger
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
 from support.core import Core, open_core, reached
@@ -22,7 +22,9 @@ from support.core import Core, open_core, reached
 pytestmark = pytest.mark.trio
 
 
-async def test_a_replaced_version_an_upload_held_is_no_unclosed_write(tmp_path, caplog):
+async def test_a_replaced_version_an_upload_held_is_no_unclosed_write(tmp_path, caplog,
+                                                                     monkeypatch):
+    monkeypatch.setattr(linger, "REPLACED_LINGER", 0.0)    # (it goes at once)
     store = MemoryStore()
     config = Config(durability="async", upload_hold=0.0)
     async with open_core(tmp_path / "a", store, config) as fs:
@@ -32,7 +34,9 @@ async def test_a_replaced_version_an_upload_held_is_no_unclosed_write(tmp_path, 
         await reached(uploading)
         await core.save(ROOT_INO, b"tmp", b"the new version " * 300)
         await fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"latest.pt", 0)
-        assert fs.ns.maybe_get(ino) is None, "the replaced inode is gone"
+        with trio.fail_after(10):
+            while fs.ns.maybe_get(ino) is not None:
+                await trio.sleep(0.01)       # the replaced inode goes
         assert fs.staging.versions_of(ino), "its upload holds its staged version"
         shutil.copytree(tmp_path / "a", tmp_path / "killed")    # the daemon dies here
         uploading.release()
