@@ -219,6 +219,11 @@ class Filesystem:
         return self.opening.live_size(await self.names.lookup(parent, name))
 
     def getattr(self, ino: int) -> Inode:
+        if self.st.ns.maybe_get(ino) is None:
+            # Gone since its name moved to a fresh inode: the kernel's dentry still names
+            # it (a path walk's permission check asks): ESTALE makes the kernel look the
+            # name up again, where ENOENT failed the open of a name that never went.
+            self.st.refuse_if_moved_away(ino)
         return self.opening.live_size(self.names.getattr(ino))
 
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
@@ -262,6 +267,7 @@ class Filesystem:
             self.st.refuse_if_moved_away(ino)     # a path step through a kept dentry
             if size is not None:     # a new version: not in the file a reader holds
                 await self.opening.wait_for_passthrough_readers(ino, writable=True)
+                await self.opening.leave_readers_their_inode(ino)
         return self.opening.live_size(await self.attrs.setattr(
             ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns,
             mtime_ns=mtime_ns, fh=fh))

@@ -292,8 +292,8 @@ class Names:
         if existing is not None:
             if flags & os.O_EXCL:
                 raise FsError(errno.EEXIST)
-            handle = await self.opening.open(existing, flags, opener)
-            return handle, self.st.ns.get(existing)
+            handle = await self.opening.open_by_name(parent, name, existing, flags, opener)
+            return handle, self.st.ns.get(handle.ino)
         parent_inode = self.st._dir(parent)
         self.st._touch_dir(parent)
         # A new name has no closed version until its writer's close: if the writer is

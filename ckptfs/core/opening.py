@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 PASSTHROUGH_DRAIN = 2.0
 PASSTHROUGH_DRAIN_POLL = 0.005
 MOVED_AWAY_KEPT = 1024
+# How long after a writer's step moved a name to a fresh inode (``leave_readers_their_
+# inode``) the kernel's retry of that step may take to reach it.
+WRITER_RETRY_WINDOW = 1.0
 
 
 class Opening:
@@ -44,6 +48,8 @@ class Opening:
         self.readbehind = readbehind    # uploads a passthrough writer's complete chunks
         self._next_fh = 1
         self.page_versions: OrderedDict[int, object] = OrderedDict()
+        # Fresh inodes a writer's step moved a name to, and when (``monotonic``).
+        self._moved_for_writers: OrderedDict[int, float] = OrderedDict()
 
     def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
         handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
@@ -70,6 +76,8 @@ class Opening:
         self._refuse_if_replaced(ino, writable or bool(flags & os.O_TRUNC))
         await self.wait_for_passthrough_readers(ino, writable)
         if writable:
+            await self.leave_readers_their_inode(ino)
+        if writable:
             with self.st.upload_gate.busy():   # a writer at work: uploads wait (decision 0015)
                 handle = await self._open(ino, flags, opener)
         else:
@@ -77,6 +85,19 @@ class Opening:
         self.decide_passthrough(handle, fresh=bool(flags & os.O_TRUNC))
         handle.keep_cache, handle.direct_io = self._cache_flags(handle)
         return handle
+
+    async def open_by_name(self, parent: int, name: bytes, ino: int, flags: int,
+                           opener: Opener) -> Handle:
+        """``open`` of ``ino``, found under ``name``: where the name moves to a fresh
+        inode meanwhile (ESTALE: this open's new version beside readers), that one is
+        opened, as the kernel would by name (a create of an existing name)."""
+        try:
+            return await self.open(ino, flags, opener)
+        except FsError as exc:
+            now = self.st.ns.lookup(parent, name)
+            if exc.errno != errno.ESTALE or now is None or now == ino:
+                raise
+            return await self.open(now, flags, opener)
 
     def _refuse_if_replaced(self, ino: int, writes: bool) -> None:
         """An open of an inode that has no name left: the kernel resolved the name just
@@ -120,7 +141,7 @@ class Opening:
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._lingering_passthrough(ino, writable):
                 # (moved by this open, or by another one waiting beside it)
-                self._fresh_inode_for_name(ino)
+                self._move_for_a_writer(ino)
                 self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
         if self._lingering_passthrough(ino, writable):
@@ -131,6 +152,62 @@ class Opening:
                         "backing file per file); it may be opened again once that reader "
                         "closes it", where, "writing" if writable else "reading")
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
+
+    @no_await
+    def _move_for_a_writer(self, ino: int) -> bool:
+        """``_fresh_inode_for_name`` for a writer's step, which the kernel then does
+        again on the fresh inode: remembered, so that its retry gets through."""
+        inode = self.st.ns.maybe_get(ino)
+        if inode is None or not inode.names:
+            return False
+        at = inode.names[0]
+        if not self._fresh_inode_for_name(ino):
+            return False
+        fresh = self.st.ns.lookup(*at)
+        if fresh is not None:
+            self._moved_for_writers[fresh] = time.monotonic()
+            while len(self._moved_for_writers) > MOVED_AWAY_KEPT:
+                self._moved_for_writers.popitem(last=False)
+        return True
+
+    def _just_moved_for_a_writer(self, ino: int) -> bool:
+        """``ino`` is the fresh inode a writer's step moved the name to a moment ago:
+        the kernel's retry of that step must get through, even past readers that opened
+        the fresh inode meanwhile (readers opening the name in a loop would move it on
+        at every retry, and the writer got ESTALE)."""
+        at = self._moved_for_writers.get(ino)
+        return at is not None and time.monotonic() - at < WRITER_RETRY_WINDOW
+
+    def _read_by_its_readers(self, ino: int) -> bool:
+        """Readers here hold a closed version of ``ino`` open and no write session is
+        under way (which would be theirs: they read it live)."""
+        rt = self.st.runtime.get(ino)
+        if rt is None or rt.session is not None:
+            return False
+        return any(not h.writable and h.snapshot[0] != "live"
+                   for h in map(self.st.handles.get, rt.handles) if h is not None)
+
+    async def leave_readers_their_inode(self, ino: int) -> None:
+        """A new version is about to start on ``ino`` (a writer's open, a truncate by
+        name) while readers here hold the version before.  The kernel keeps one size per
+        inode: the writer's would cut their reads (soak seed 1215616: a reader of
+        70 000 bytes read 100 of them after a 100-byte save).  So the name moves to a
+        fresh inode first, as for another node's save, and the step answers ESTALE: the
+        kernel does it again by name, on the fresh inode.  A version still owed to the
+        store cannot move yet: this waits for its upload (``PASSTHROUGH_DRAIN``), then
+        goes on in place, said once per inode."""
+        if not self._read_by_its_readers(ino) or self._just_moved_for_a_writer(ino):
+            return
+        with trio.move_on_after(PASSTHROUGH_DRAIN):
+            while self._read_by_its_readers(ino):
+                if self._move_for_a_writer(ino):
+                    self.st.refuse_if_moved_away(ino)       # ESTALE
+                await trio.sleep(PASSTHROUGH_DRAIN_POLL)
+        if self._read_by_its_readers(ino):
+            inode = self.st.ns.maybe_get(ino)
+            log.warning("%s: saved over while a reader here holds the version before, "
+                        "which is not in the store yet: that reader's reads follow the "
+                        "new size", self.st._path_for_log(inode) if inode else ino)
 
     @no_await
     def _fresh_inode_for_name(self, ino: int, held_here: bool = False) -> bool:

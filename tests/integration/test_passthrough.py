@@ -91,13 +91,17 @@ def test_a_reader_of_the_old_version_and_a_writer_of_the_new(local_store, make_m
     _kernel_path(node)
     path = node.path / "model.pt"
     path.write_bytes(b"a" * MiB)
+    before = node.status()["fuse_requests"].get("write", 0)
     with open(path, "rb") as reader:
         assert reader.read(4096) == b"a" * 4096
-        # The reader's cached open keeps the inode: this writer goes through the daemon.
+        # The reader keeps its inode; the name moves to a fresh one for the new version
+        # (decision 0031), whose writer is alone on it: through the kernel too.
         with open(path, "wb") as writer:
             writer.write(b"b" * (MiB // 2))
+        assert os.fstat(reader.fileno()).st_ino != os.stat(path).st_ino
         assert reader.read() == b"a" * (MiB - 4096)
-    assert node.status()["fuse_requests"].get("write", 0) > 0
+        assert os.fstat(reader.fileno()).st_size == MiB
+    assert node.status()["fuse_requests"].get("write", 0) == before
     assert path.read_bytes() == b"b" * (MiB // 2)
     # A writer alone gets passthrough; a reader opening beside it reads its bytes.
     before = node.status()["fuse_requests"].get("write", 0)

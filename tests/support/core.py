@@ -9,6 +9,7 @@ private attributes, so it survives rewrites of ``ckptfs/core/`` internals.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -20,7 +21,8 @@ from typing import Any
 
 import trio
 
-from ckptfs.core import Config, Filesystem
+from ckptfs.core import Config, Filesystem, Handle
+from ckptfs.errors import FsError
 from ckptfs.data.cache import ChunkCache
 from ckptfs.data.staging import Staging
 from ckptfs.meta.namespace import ROOT_INO, Namespace
@@ -123,6 +125,21 @@ class Core:
             return await self.fs.read(handle.fh, 0, max(size, 1))
         finally:
             await self.fs.release(handle.fh)
+
+    async def open_by_name(self, path: str, flags: int) -> Handle:
+        """``os.open(path, flags)`` as the kernel does it: the inode the name has, and
+        once more by name where that open answers ESTALE (the name moved to a fresh
+        inode: a new version beside readers of the one before)."""
+        ino = await self.resolve(path)
+        try:
+            return await self._open_ino(ino, flags)
+        except FsError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+        return await self._open_ino(await self.resolve(path), flags)
+
+    async def _open_ino(self, ino: int, flags: int) -> Handle:
+        return await self.fs.open(ino, flags, me())
 
     async def resolve(self, path: str) -> int:
         """The inode of ``a/b/c`` under the root, looked up name by name."""

@@ -128,6 +128,9 @@ class KernelCore(Core):
         self._opened(handle, had)
         return handle
 
+    async def _open_ino(self, ino: int, flags: int):
+        return await self.open(ino, flags)
+
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         self.forget(self.fs.handles[fh].ino)
         if fh in self.backing:

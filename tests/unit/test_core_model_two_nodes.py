@@ -696,7 +696,9 @@ class Run:
                 # (the closed version keeps its mtime while the file is open: every
                 # node shows it until the close)
                 m.mtimes.setdefault(path, node.fs.getattr(ino).mtime_ns)
-                handle = await node.open(ino, os.O_WRONLY | os.O_TRUNC)
+                # (by name: beside a reader of it here, the name moves to a fresh inode
+                # and the open answers ESTALE, which the kernel retries by name)
+                handle = await node.open_by_name(path, os.O_WRONLY | os.O_TRUNC)
                 self.vid += 1
                 m.writers.append(Writer(n, handle.fh, path, self.vid, op[3],
                                         held=m.files.pop(path), trunc=True))

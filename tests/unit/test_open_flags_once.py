@@ -23,11 +23,38 @@ async def test_open_decides_the_cache_flags(core):
     await core.fs.release(first.fh)
     again = await core.fs.open(ino, os.O_RDONLY, core.me())
     assert (again.keep_cache, again.direct_io) == (True, False)
+    # A save beside it moves the name to a fresh inode (decision 0031): its first
+    # reader keeps no pages (none are the fresh inode's yet), and `again` keeps its own.
     await core.save(ROOT, b"model.pt", b"b" * 10000)
-    newer = await core.fs.open(ino, os.O_RDONLY, core.me())
-    assert (newer.keep_cache, newer.direct_io) == (False, True)   # `again` reads the old
+    newer = await core.open_by_name("model.pt", os.O_RDONLY)
+    assert newer.ino != ino and (newer.keep_cache, newer.direct_io) == (False, False)
     await core.fs.release(again.fh)
     await core.fs.release(newer.fh)
+
+
+@pytest.fixture
+def core_config() -> dict:
+    return {"durability": "async", "upload_hold": 0.0}
+
+
+async def test_readers_of_two_versions_of_one_inode_bypass_the_page_cache(core,
+                                                                          monkeypatch):
+    """The save could not move the name (its version before was not uploaded yet: it
+    went on in place past the wait): a reader of the new version beside one of the old
+    reads by direct I/O, each its own version."""
+    from ckptfs.core import opening
+    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
+    uploading = core.store.gate("put", prefix="chunks/")
+    ino = await core.save(ROOT, b"model.pt", b"a" * 10000)
+    old = await core.fs.open(ino, os.O_RDONLY, core.me())
+    await core.save(ROOT, b"model.pt", b"b" * 10000)
+    newer = await core.fs.open(ino, os.O_RDONLY, core.me())
+    assert (newer.keep_cache, newer.direct_io) == (False, True)   # `old` reads the old
+    assert await core.fs.read(old.fh, 0, 20000) == b"a" * 10000
+    assert await core.fs.read(newer.fh, 0, 20000) == b"b" * 10000
+    await core.fs.release(old.fh)
+    await core.fs.release(newer.fh)
+    uploading.release()
 
 
 class _OneCallCore:

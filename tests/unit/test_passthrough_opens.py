@@ -59,17 +59,43 @@ async def test_opens_beside_a_passthrough_writer_share_its_backing_file(core):
     assert core.fs.st.upload_gate._in_flight == 0
 
 
-async def test_a_writer_beside_an_open_reader_of_the_old_version_stays_on_the_daemon(core):
+async def test_a_writer_beside_an_open_reader_of_the_old_version_gets_a_fresh_inode(core):
+    """The reader keeps its inode (the kernel's size of it is its version's); the name
+    moves to a fresh inode, whose writer is alone on it: passthrough (decision 0031)."""
     _kernel_passthrough(core)
+    ino = await core.save(ROOT, b"model.pt", b"a" * 3000)
+    await core.fs.wait_idle()
+    reader = await core.fs.open(ino, os.O_RDONLY, core.me())
+    writer = await core.open_by_name("model.pt", os.O_WRONLY | os.O_TRUNC)
+    assert writer.ino != ino and writer.passthrough
+    os.pwrite(core.fs.backing_fd(writer), b"b" * 2000, 0)
+    await core.fs.flush(writer.fh)
+    await core.fs.release(writer.fh)
+    assert await core.fs.read(reader.fh, 0, 10000) == b"a" * 3000
+    assert core.fs.getattr(ino).size == 3000
+    await core.fs.release(reader.fh)
+    assert await core.load(await core.resolve("model.pt")) == b"b" * 2000
+
+
+async def test_a_writer_beside_a_reader_of_a_version_not_uploaded_stays_on_the_daemon(
+        core, monkeypatch):
+    """The version the reader holds is not in the store yet, so the name cannot move
+    (the fresh inode shows the store's): past the wait the writer goes on in place, on
+    the daemon's path beside the cached reader."""
+    from ckptfs.core import opening
+    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
+    _kernel_passthrough(core)
+    uploading = core.store.gate("put", prefix="chunks/")
     ino = await core.save(ROOT, b"model.pt", b"a" * 3000)
     reader = await core.fs.open(ino, os.O_RDONLY, core.me())
     writer = await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
-    assert not writer.passthrough
+    assert writer.ino == ino and not writer.passthrough
     await core.fs.write(writer.fh, 0, b"b" * 2000)
     await core.fs.flush(writer.fh)
     await core.fs.release(writer.fh)
     assert await core.fs.read(reader.fh, 0, 10000) == b"a" * 3000
     await core.fs.release(reader.fh)
+    uploading.release()
     # Alone again: an O_TRUNC writer now gets passthrough.
     writer = await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
     assert writer.passthrough

@@ -1,0 +1,110 @@
+"""A save (or a truncate) on the node where a reader holds the version before open.
+
+The kernel keeps one size per inode, for every handle of it: a writer's ``O_TRUNC`` open
+and writes, or a truncate, set it, and a reader still holding the version before read
+that version cut at the new size -- a watcher's ``torch.load`` of ``latest.pt`` while the
+trainer saved over it in place (soak seed 1215616, both stores, sync: "a reader held
+open on A read f0 as f0 truncated to 0"; on a mount, a reader of 70 000 bytes read 100
+of them after a 100-byte save).  Another node's save already moved the name to a fresh
+inode beside the readers (``Opening._fresh_inode_for_name``); now this node's own new
+version does too: the writer's open (or truncate) answers ESTALE once the name has
+moved, and the kernel opens the fresh inode by name again.  The reader's inode keeps its
+size and bytes.  A version still owed to the store waits for its upload first (up to
+``PASSTHROUGH_DRAIN``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import trio
+
+from ckptfs.core import Config
+from ckptfs.errors import FsError
+from ckptfs.meta.namespace import ROOT_INO
+from ckptfs.store import MemoryStore
+from support.core import Core, open_core, reached
+
+pytestmark = pytest.mark.trio
+
+OLD, NEW = b"the version the reader holds " * 2000, b"the new save " * 8
+
+
+async def step_by_name(core: Core, step) -> int:
+    """``step`` on the inode the name has, as the kernel does it: once more by name
+    when it answers ESTALE (the kernel's one retry).  The inode it acted on."""
+    ino = await core.resolve("f0")
+    try:
+        await step(ino)
+        return ino
+    except FsError as exc:
+        assert exc.errno == errno.ESTALE
+    ino = await core.resolve("f0")
+    await step(ino)
+    return ino
+
+
+async def save_over(core: Core, ino: int) -> None:
+    handle = await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
+    await core.fs.write(handle.fh, 0, NEW)
+    await core.fs.flush(handle.fh)
+    await core.fs.release(handle.fh)
+
+
+async def truncate(core: Core, ino: int) -> None:
+    await core.fs.setattr(ino, size=len(NEW))
+
+
+@pytest.mark.parametrize("step", ["save", "truncate"])
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_new_version_beside_a_reader_leaves_the_readers_inode_its_size(
+        tmp_path, durability: str, step: str):
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store,
+                         Config(durability=durability, upload_hold=0.0)) as fs:
+        core = Core(fs, store)
+        old = await core.save(ROOT_INO, b"f0", OLD)
+        uploading = store.gate("put", prefix="chunks/") if durability == "async" else None
+        if uploading is None:
+            await fs.wait_idle()
+        reader = await fs.open(old, os.O_RDONLY, core.me())
+        assert await fs.read(reader.fh, 0, len(OLD)) == OLD
+        if uploading is not None:           # the version is still owed to the store:
+            await reached(uploading)        # it lands while the writer waits
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_release_after, uploading, 0.3)
+                acted = await step_by_name(
+                    core, lambda ino: (save_over if step == "save" else truncate)(core, ino))
+        else:
+            acted = await step_by_name(
+                core, lambda ino: (save_over if step == "save" else truncate)(core, ino))
+        assert acted != old, "the new version went into the reader's inode"
+        assert fs.getattr(old).size == len(OLD), \
+            "the kernel's size of the reader's inode is not the reader's version's"
+        assert await fs.read(reader.fh, 0, len(OLD)) == OLD
+        await fs.release(reader.fh)
+        want = NEW if step == "save" else OLD[:len(NEW)]
+        assert await core.load(await core.resolve("f0")) == want
+        with trio.fail_after(30):
+            await fs.wait_idle()
+    async with open_core(tmp_path / "b", store, Config(durability=durability)) as fs:
+        other = Core(fs, store)
+        assert await other.load(await other.resolve("f0")) == want
+
+
+async def _release_after(gate, seconds: float) -> None:
+    await trio.sleep(seconds)
+    gate.release()
+
+
+async def test_no_reader_no_fresh_inode(tmp_path):
+    """Without a reader the save goes into the inode, as ever (no ESTALE, no new inode
+    for the kernel)."""
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store, Config(durability="sync")) as fs:
+        core = Core(fs, store)
+        old = await core.save(ROOT_INO, b"f0", OLD)
+        await save_over(core, old)
+        assert await core.resolve("f0") == old
+        assert await core.load(old) == NEW
