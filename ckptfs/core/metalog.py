@@ -210,8 +210,10 @@ class MetaLogApply:
         renamed to, after the rename was made here (soak seed 1215583).  The serial order
         is that rename, then this one: this file replaces the link (as a rename over a
         linked name does), and the link is counted out of its shared object -- after the
-        move, by this node, whose write replaced it (``linkcount.py``), noted in the
-        record first so that a retry counts it out and moves nothing."""
+        move, by this node, whose write replaced it (``linkcount.py``).  The count is
+        noted in the record before it is made, so that a retry counts it out once and
+        moves nothing; a crash between the move and that note leaves the count one too
+        high (the object outlives its names: nothing is lost)."""
         seals, gone = await self._move_locked(inode, *keys, seals, replaced,
                                               expect | {entry_identity(link)})
         if gone is not None and gone.type == "link" and gone.link == link.link:

@@ -75,7 +75,8 @@ class EntryMoves:
         new key was saved by another node since: ``NameTaken``, nothing changed.
 
         Returns the entry the move replaced under the new key (None: the name was free
-        in the store), as read before the conditional write that replaced it."""
+        in the store, or the last attempt wrote over whatever was there), as read before
+        the conditional write that replaced it."""
         for attempt in range(MOVE_ATTEMPTS):
             try:
                 return await self._move_once(inode, old_key, new_key, seals,
@@ -105,7 +106,10 @@ class EntryMoves:
             await self._give_back(inode, old_key, claim_etag, foreign)
             raise CrossingRename()
         if not give_way and target != ABSENT:
-            target = None       # the last attempt writes whatever is there
+            # The last attempt writes whatever is there: what it replaced is not known
+            # then (a link counted out on a guess could be counted out twice, and its
+            # object go while another name links it; uncounted, it outlives its names).
+            target, replaced = None, None
         if seals and inode.staged and inode.type == "dir":
             inode.sealed_at = time.time()       # retention orders by seal time
         moved = foreign or self.entries._entry_of(inode)
