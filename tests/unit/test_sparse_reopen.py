@@ -50,13 +50,18 @@ def assert_sparse(blocks: int) -> None:
     assert blocks * 512 < HOLE // 4, f"{blocks * 512} bytes allocated for 4 KiB of data"
 
 
-async def test_a_sparse_file_copied_from_its_previous_version_stays_sparse(core):
+@pytest.mark.parametrize("reader", [True, False], ids=["beside a reader", "alone"])
+async def test_a_sparse_file_copied_from_its_previous_version_stays_sparse(core, reader):
+    """Alone, the new version is a copy of the staged one before; beside a reader of
+    that one, the name moves to a fresh inode, whose new version comes from the
+    chunks."""
     ino = await save_sparse(core)
-    reader = await core.fs.open(ino, os.O_RDONLY, me())   # the old version stays in use
+    held = await core.fs.open(ino, os.O_RDONLY, me()) if reader else None
     try:
         assert_sparse(await reopen_and_write(core))
     finally:
-        await core.fs.release(reader.fh)
+        if held is not None:
+            await core.fs.release(held.fh)
     data = await core.load(await core.resolve("sparse"))
     assert data[:1] == b"y" and data[HOLE:] == b"x" * 4096 and not any(data[1:HOLE])
 
