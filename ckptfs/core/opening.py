@@ -36,6 +36,9 @@ MOVED_AWAY_KEPT = 1024
 # How long after a writer's step moved a name to a fresh inode (``leave_readers_their_
 # inode``) the kernel's retry of that step may take to reach it.
 WRITER_RETRY_WINDOW = 1.0
+# After a writer went on in place beside readers of a version not uploaded yet, the
+# file's next writers do not wait for the upload again for this long.
+IN_PLACE_QUIET = 60.0
 
 
 class Opening:
@@ -50,6 +53,9 @@ class Opening:
         self.page_versions: OrderedDict[int, object] = OrderedDict()
         # Fresh inodes a writer's step moved a name to, and when (``monotonic``).
         self._moved_for_writers: OrderedDict[int, float] = OrderedDict()
+        # Files whose writer went on in place beside readers (``leave_readers_their_
+        # inode``), and when.
+        self._went_on_in_place: OrderedDict[int, float] = OrderedDict()
 
     def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
         handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
@@ -195,15 +201,25 @@ class Opening:
         fresh inode first, as for another node's save, and the step answers ESTALE: the
         kernel does it again by name, on the fresh inode.  A version still owed to the
         store cannot move yet: this waits for its upload (``PASSTHROUGH_DRAIN``), then
-        goes on in place, said once per inode."""
+        goes on in place and says so in a WARNING -- and for ``IN_PLACE_QUIET`` seconds
+        after, the file's next writers do not wait again (an appending logger beside a
+        ``tail -f`` would wait at every open while its uploads lag)."""
         if not self._read_by_its_readers(ino) or self._just_moved_for_a_writer(ino):
+            return
+        if self._move_for_a_writer(ino):
+            self.st.refuse_if_moved_away(ino)       # ESTALE
+        went = self._went_on_in_place.get(ino)
+        if went is not None and time.monotonic() - went < IN_PLACE_QUIET:
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._read_by_its_readers(ino):
                 if self._move_for_a_writer(ino):
-                    self.st.refuse_if_moved_away(ino)       # ESTALE
+                    self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
         if self._read_by_its_readers(ino):
+            self._went_on_in_place[ino] = time.monotonic()
+            while len(self._went_on_in_place) > MOVED_AWAY_KEPT:
+                self._went_on_in_place.popitem(last=False)
             inode = self.st.ns.maybe_get(ino)
             log.warning("%s: saved over while a reader here holds the version before, "
                         "which is not in the store yet: that reader's reads follow the "

@@ -108,3 +108,31 @@ async def test_no_reader_no_fresh_inode(tmp_path):
         await save_over(core, old)
         assert await core.resolve("f0") == old
         assert await core.load(old) == NEW
+
+
+async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_place_once(
+        tmp_path, monkeypatch, caplog):
+    """The version the reader holds is not in the store (its upload held): the first
+    save waits for it, then goes on in place and says so; the next save within
+    ``IN_PLACE_QUIET`` does not wait again (an appending logger beside a ``tail -f``)."""
+    import logging
+    from ckptfs.core import opening
+    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.2)
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store,
+                         Config(durability="async", upload_hold=0.0)) as fs:
+        core = Core(fs, store)
+        uploading = store.gate("put", prefix="chunks/", times=1000)
+        old = await core.save(ROOT_INO, b"f0", OLD)
+        reader = await fs.open(old, os.O_RDONLY, core.me())
+        with caplog.at_level(logging.WARNING, logger="ckptfs.core.opening"):
+            for _ in range(3):
+                await save_over(core, old)
+        said = [r for r in caplog.records if "saved over while a reader" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+        assert await core.resolve("f0") == old, "moved although the version was owed"
+        await fs.release(reader.fh)
+        uploading.release()
+        with trio.fail_after(30):
+            await fs.wait_idle()
+        assert await core.load(old) == NEW
