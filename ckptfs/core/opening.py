@@ -180,8 +180,10 @@ class Opening:
         """``ino`` is the fresh inode a writer's step moved the name to a moment ago:
         the kernel's retry of that step must get through, even past readers that opened
         the fresh inode meanwhile (readers opening the name in a loop would move it on
-        at every retry, and the writer got ESTALE)."""
-        at = self._moved_for_writers.get(ino)
+        at every retry, and the writer got ESTALE).  Once: the next save beside readers
+        moves the name again (a trainer saving in a loop beside an evaluator's mapping
+        cut the mapped file, SIGBUS)."""
+        at = self._moved_for_writers.pop(ino, None)
         return at is not None and time.monotonic() - at < WRITER_RETRY_WINDOW
 
     def _read_by_its_readers(self, ino: int) -> bool:
