@@ -153,7 +153,8 @@ class Filesystem:
                               refresher=self.refresher, seals=self.seals,
                               publisher=self.publisher, held=self.held, moves=self.moves)
         self.metalog = MetaLogApply(st, entries=self.entries, removals=self.removals,
-                                    seals=self.seals, moves=self.moves)
+                                    seals=self.seals, moves=self.moves,
+                                    through_link=self.publisher._save_through_link)
         self.recovery = Recovery(st, entries=self.entries, reads=self.reads, seals=self.seals,
                                  publisher=self.publisher, renames=self.renames,
                                  moves=self.moves, abandoning=self.abandoning)

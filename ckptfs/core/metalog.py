@@ -10,7 +10,8 @@ import time
 from ..errors import FsError
 from ..meta.namespace import Inode
 from ..meta.oplog import Blocked, OpDropped
-from ..format.remote import Entry, entry_key
+from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key
+from ..store import NotFound
 
 from . import unsure
 from .conflicts import CONFLICT_NAMES, NameTaken, keep_under_own_name, records_follow
@@ -18,6 +19,7 @@ from .entries import content_entry, entry_identity
 from .joined import join_dir
 from .linkcount import count_out_link
 from .state import CoreState, dir_id_of
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,8 +36,10 @@ class MetaLogApply:
     """Applies async mode's metadata log to the store; no state of its own."""
 
     def __init__(self, st: CoreState, *, entries: EntryIO, removals: DirRemovals,
-                 seals: Seal, moves: EntryMoves) -> None:
+                 seals: Seal, moves: EntryMoves,
+                 through_link: Callable[[Inode, str], Awaitable[bool]]) -> None:
         self.st = st
+        self.through_link = through_link    # Publish._save_through_link
         self.entries = entries
         self.removals = removals
         self.seals = seals
@@ -353,10 +357,23 @@ class MetaLogApply:
                 except FsError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
-                    # Another node renamed or removed it first: its attributes go with
-                    # the next publish of this node's version, if there is one.
-                    log.info("attributes of %s not rewritten: %s", key, exc.reason)
+                    # Another node made the name a hard link meanwhile (soak seed
+                    # 1215629: a utime racing a link was lost): the change is the
+                    # linked file's, as on that node.  Renamed or removed first: the
+                    # attributes go with the next publish of this node's version.
+                    link = None if inode.link_id else await self._link_at(key)
+                    if link is None or not await self.through_link(inode, link):
+                        log.info("attributes of %s not rewritten: %s", key, exc.reason)
         self.st._drop_rt(ino)
+
+    async def _link_at(self, key: str) -> str | None:
+        """The shared object a link entry under ``key`` names, if that is what is there."""
+        try:
+            body, _ = await self.entries._store(self.st.store.get, key)
+            entry = Entry.from_json(body, MAX_CHUNK_SIZE)
+        except (NotFound, BadEntry):
+            return None
+        return entry.link if entry.type == "link" else None
 
     async def _exec_seal(self, seq: int, record: dict) -> None:
         started = time.monotonic()

@@ -89,3 +89,40 @@ async def test_a_listing_of_another_names_directory_keeps_a_change_not_landed(
             await a.fs.wait_idle()
         await a.fs.refresh_dir(two, force=True)
         assert a.fs.getattr(ino).uid == 1234
+
+
+@pytest.mark.parametrize("what", ["utime", "chmod"])
+async def test_a_change_that_lands_after_another_node_linked_the_name_goes_to_the_linked_file(
+        tmp_path: Path, what: str):
+    """A's utime of ``f`` is journaled; before its record lands, B hard-links ``f`` as
+    ``g`` (the name's entry becomes a link to a shared object).  The record found a link
+    where it expected A's plain entry, took it for a rename by another node, and dropped
+    the change (soak seed 1215629: "A utime f0 || B link f0 f1", the utime lost on every
+    node).  The change is the linked file's: both names show it everywhere."""
+    store = MemoryStore()
+    config = Config(durability="async", upload_hold=0.0, metadata_ttl=3600.0)
+    async with two_cores(tmp_path, store, config) as (a, b):
+        ino = await a.save(ROOT_INO, b"f", b"weights")
+        with trio.fail_after(30):
+            await a.fs.wait_idle()
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        landing = store.gate("put", prefix="dirs/root/f")
+        if what == "utime":
+            await a.fs.setattr(ino, mtime_ns=MTIME)
+        else:
+            await a.fs.setattr(ino, mode=0o600)
+        await reached(landing)
+        await b.fs.link(await b.resolve("f"), ROOT_INO, b"g")
+        landing.release()
+        with trio.fail_after(60):
+            await a.fs.wait_idle()
+            await b.fs.wait_idle()
+        for node in (a, b):
+            await node.fs.refresh_dir(ROOT_INO, force=True)
+            for name in ("f", "g"):
+                attrs = node.fs.getattr(await node.resolve(name))
+                if what == "utime":
+                    assert attrs.mtime_ns == MTIME, f"{name}: the utime was lost"
+                else:
+                    assert attrs.mode & 0o7777 == 0o600, f"{name}: the chmod was lost"
+                assert await node.load(attrs.ino) == b"weights"
