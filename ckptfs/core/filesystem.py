@@ -12,6 +12,7 @@ It must hold no filesystem logic of its own."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from ..data.liveness import ChunkLiveness
 from ..data.publish_queue import PublishQueue
 from ..data.staging import Staging
 from ..data.upload import ChunkUploader, UploadGate
+from ..errors import FsError
 from ..format.remote import FORMAT_KEY
 from ..meta.namespace import Inode, Namespace
 from ..meta.oplog import MetaLog
@@ -220,12 +222,16 @@ class Filesystem:
         return self.opening.live_size(await self.names.lookup(parent, name))
 
     def getattr(self, ino: int) -> Inode:
-        if self.st.ns.maybe_get(ino) is None:
+        try:
+            inode = self.names.getattr(ino)
+        except FsError as exc:
             # Gone since its name moved to a fresh inode: the kernel's dentry still names
             # it (a path walk's permission check asks): ESTALE makes the kernel look the
             # name up again, where ENOENT failed the open of a name that never went.
-            self.st.refuse_if_moved_away(ino)
-        return self.opening.live_size(self.names.getattr(ino))
+            if exc.errno == errno.ENOENT:
+                self.st.refuse_if_moved_away(ino)
+            raise
+        return self.opening.live_size(inode)
 
     async def listdir(self, ino: int) -> list[tuple[bytes, Inode]]:
         return await self.names.listdir(ino)
