@@ -376,6 +376,19 @@ class Model:
             self.files[v].content, self.files[v].mtime = content, None
         return 0
 
+    def write_again(self, path: str, content: bytes, attrs: tuple) -> int:
+        """A save whose name another node renamed away or removed while it was open
+        (O_TRUNC over the file that was there): the name is written again as the file
+        the writer had open -- ``attrs``, its (mode, mtime, owner, xattrs) then, less
+        the mtime, which is the save's.  The daemon never learns the mode an ``O_CREAT``
+        open of an existing name asked for, and widens no permission on a guess
+        (decision 0016, addendum of stop 49)."""
+        result = self.write(path, content)
+        if result == 0:
+            f = self.files[self.tree[path]]
+            f.mode, _, f.owner, f.xattrs = attrs
+        return result
+
     def open_writer(self, path: str, mount: int, pending: bytes) -> int:
         """A writer opens ``path`` with O_CREAT|O_TRUNC; returns the file id."""
         if path not in self.tree:

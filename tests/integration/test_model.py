@@ -1491,10 +1491,30 @@ class ModelMachine(RuleBasedStateMachine):
             for i in order:
                 c.apply(model_ops[i])
             candidates.append(c)
+        candidates += self.written_again(model_ops)
         if self.sync:
             self.converge(None, candidates)
         else:
             self.sync_all(candidates)
+
+
+    def written_again(self, model_ops: list[tuple]) -> list[Model]:
+        """A save racing another node's rename or unlink of its name may also land
+        after it, as the file the writer had open written again under its name
+        (``Model.write_again``): one more candidate, where the file is not
+        hard-linked (a save through a link follows the file)."""
+        out = []
+        for w, o in ((0, 1), (1, 0)):
+            save, other = model_ops[w], model_ops[o]
+            fid = self.model.fid_at(save[1])
+            if save[0] != "write" or other[0] not in ("rename", "unlink") \
+                    or other[1] != save[1] or fid is None or self.model.files[fid].linked:
+                continue
+            c = self.model.copy()
+            c.apply(other)
+            c.write_again(save[1], save[2], self.model.files[fid].attrs())
+            out.append(c)
+        return out
 
 
 def _xattr_text(path: str, name: str, value: bytes | None) -> str:

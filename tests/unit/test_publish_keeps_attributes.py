@@ -284,3 +284,41 @@ def test_a_save_over_a_file_on_a_store_that_refuses_every_if_match(tmp_path):
         await save_one(fs, b"f", b"two", ino)
         assert fs.getattr(ino).size == 3
     run_one(tmp_path, "sync", body)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("away", ["rename", "unlink"])
+def test_a_save_whose_name_another_node_took_away_is_written_again_as_the_file_it_was(
+        tmp_path, durability, away):
+    """Soak seed 1215648: B's ``O_TRUNC`` save of f0 (mode 0640, set by a chmod) while A
+    renames f0 to f1 or removes it.  B's publish finds the name gone and writes it
+    again -- as the file B had open: its mode, owner and ``user.*`` attributes, its
+    content and mtime the save's.  The daemon never learns what mode the program's
+    ``O_CREAT`` open would have given a new file, and widens no permission on a guess
+    (decision 0016, addendum of stop 49)."""
+    async def body(a, b, store) -> None:
+        ino_a = await a.save(ROOT_INO, b"f0", b"version one")
+        await a.fs.setattr(ino_a, mode=0o640, uid=1234, gid=4321)
+        await a.fs.setxattr(ino_a, b"user.step", b"7")
+        await a.fs.wait_idle()
+        ino_b = await b.resolve("f0")
+        assert b.fs.getattr(ino_b).mode == 0o640
+        handle = await b.fs.open(ino_b, os.O_WRONLY | os.O_TRUNC, b.me())
+        await b.fs.write(handle.fh, 0, b"version two, from B")
+        if away == "rename":
+            await a.fs.rename(ROOT_INO, b"f0", ROOT_INO, b"f1", 0)
+        else:
+            await a.fs.unlink(ROOT_INO, b"f0")
+        await a.fs.wait_idle()
+        await b.fs.flush(handle.fh)
+        await b.fs.release(handle.fh)
+        await b.fs.wait_idle()
+        entry = stored(store, "f0")
+        assert entry["size"] == len(b"version two, from B")
+        assert entry["mode"] == 0o640
+        assert (entry["uid"], entry["gid"]) == (1234, 4321)
+        assert b.fs.getxattr(ino_b, b"user.step") == b"7"
+        if away == "rename":
+            moved = stored(store, "f1")
+            assert (moved["size"], moved["mode"]) == (len(b"version one"), 0o640)
+    run(tmp_path, durability, body)
