@@ -270,6 +270,9 @@ class Filesystem:
                       gid: int | None = None, size: int | None = None,
                       atime_ns: int | None = None, mtime_ns: int | None = None,
                       fh: int | None = None) -> Inode:
+        if fh is None and size is None and ino in self.st.moved_away:
+            return await self._set_where_the_name_moved(
+                ino, mode=mode, uid=uid, gid=gid, atime_ns=atime_ns, mtime_ns=mtime_ns)
         if fh is None:
             self.st.refuse_if_moved_away(ino)     # a path step through a kept dentry
             if size is not None:     # a new version: not in the file a reader holds
@@ -279,6 +282,19 @@ class Filesystem:
             ino, mode=mode, uid=uid, gid=gid, size=size, atime_ns=atime_ns,
             mtime_ns=mtime_ns, fh=fh))
 
+    async def _set_where_the_name_moved(self, ino: int, **change: int | None) -> Inode:
+        """A chmod, chown or utime of an inode whose name moved to a fresh one beside
+        its readers: ``fchmod`` through a reader's descriptor (the kernel never retries
+        it: ESTALE reached the program), or a path step through a dentry the kernel
+        kept.  It is the file's, wherever its name went (``CoreState.moved_to``), and
+        the reader's inode shows it too."""
+        moved_to = self.st.moved_to(ino)
+        if moved_to is None:
+            self.st.refuse_if_moved_away(ino)
+        assert moved_to is not None
+        await self.attrs.setattr(moved_to, **change)
+        return self.opening.live_size(await self.attrs.setattr(ino, **change))
+
     def getxattr(self, ino: int, name: bytes) -> bytes:
         return self.attrs.getxattr(ino, name)
 
@@ -286,7 +302,20 @@ class Filesystem:
         return self.attrs.listxattr(ino)
 
     async def setxattr(self, ino: int, name: bytes, value: bytes | None) -> None:
-        return await self.attrs.setxattr(ino, name, value)
+        """(An inode whose name moved on: the file's, as ``_set_where_the_name_moved``;
+        set on the nameless inode alone, it never reached the name or the store.)"""
+        if ino not in self.st.moved_away:
+            return await self.attrs.setxattr(ino, name, value)
+        moved_to = self.st.moved_to(ino)
+        if moved_to is None:
+            self.st.refuse_if_moved_away(ino)
+        assert moved_to is not None
+        await self.attrs.setxattr(moved_to, name, value)
+        try:
+            await self.attrs.setxattr(ino, name, value)
+        except FsError as exc:
+            if exc.errno != errno.ENODATA:      # (removed there since: nothing to show)
+                raise
 
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int,
                      new_name: bytes, flags: int) -> None:

@@ -264,7 +264,7 @@ class Opening:
                 remote_nlink=remote_nlink)
             for other_parent, other_name in others:
                 self.st.ns.add_name(fresh, other_parent, other_name)
-        self.st.moved_away[ino] = None
+        self.st.moved_away[ino] = fresh.ino     # where a change through its readers goes
         while len(self.st.moved_away) > MOVED_AWAY_KEPT:
             self.st.moved_away.popitem(last=False)
         self.st.invalidate(ino)         # the reader's fstat: no name left

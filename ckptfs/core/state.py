@@ -213,6 +213,9 @@ class Runtime:
 
 # Inodes whose page-cache version is remembered after their last close (core/write.py).
 PAGE_VERSIONS_KEPT = 65536
+# A file saved over beside readers again and again moves on each time: how many of
+# those moves an attribute change through an old reader's descriptor follows.
+MOVES_FOLLOWED = 64
 # A write through the kernel (passthrough) that fails never reaches the daemon: the only
 # failure it can see is the staging file system's own (ENOSPC). Passthrough starts only
 # with this much free there, and a passthrough version whose close finds less than
@@ -294,9 +297,10 @@ class CoreState:
         self._publish_epoch: dict[int, int] = {}
         self._recovered = trio.Event()     # set by start(): the log replays after recovery
         # Inodes whose name moved to a fresh inode (``Opening._fresh_inode_for_name``),
-        # bounded (inode numbers are never reused): reached through a dentry the kernel
-        # kept, a step on one answers ESTALE and the kernel looks the name up again.
-        self.moved_away: OrderedDict[int, None] = OrderedDict()
+        # with that inode, bounded (inode numbers are never reused): reached through a
+        # dentry the kernel kept, a step on one answers ESTALE and the kernel looks the
+        # name up again; an attribute change goes to the fresh one (``moved_to``).
+        self.moved_away: OrderedDict[int, int] = OrderedDict()
         self.meta_limiter = trio.CapacityLimiter(16)
 
     # ------------------------------------------------------------------ helpers
@@ -316,6 +320,20 @@ class CoreState:
         hostile run E) -- and its pages soon (no lock a request holds is taken here)."""
         self.invalidate_attributes(ino)
         self.invalidate(ino)
+
+    def moved_to(self, ino: int) -> int | None:
+        """The inode the name of ``ino`` moved to, followed through its later moves:
+        the file an attribute change through a descriptor of ``ino`` is for, as on a
+        disk, where a save in place keeps the file.  None where that file has no name
+        left, or ``ino`` itself is gone (only a kept dentry reaches it: ESTALE)."""
+        if self.ns.maybe_get(ino) is None:
+            return None
+        for _ in range(MOVES_FOLLOWED):
+            if ino not in self.moved_away:
+                inode = self.ns.maybe_get(ino)
+                return ino if inode is not None and inode.names else None
+            ino = self.moved_away[ino]
+        return None
 
     def refuse_if_moved_away(self, ino: int) -> None:
         """ESTALE for a step on an inode whose name moved to a fresh one (``moved_away``):

@@ -186,6 +186,36 @@ def test_a_reader_keeps_its_whole_version_when_its_own_node_saves_over_it(
     assert (b.path / "f").read_bytes() == (v2 if how == "save" else v1[:100])
 
 
+# After that move, ``fchmod`` and ``fsetxattr`` through the reader's descriptor reach
+# the kernel for the reader's inode, and it never retries them: ESTALE reached the
+# program, and an extended attribute stayed on the nameless inode.  They are the file's,
+# as on a disk (decision 0031, addendum of stop 49).
+@pytest.mark.parametrize("durability", ["sync", "async"])
+def test_a_change_through_a_readers_descriptor_after_its_own_node_saved_over_the_file(
+        local_store, make_mount, durability):
+    a = make_mount(local_store, name="a", durability=durability)
+    v1, v2 = os.urandom(100_000), os.urandom(100)
+    (a.path / "f").write_bytes(v1)
+    fd = os.open(a.path / "f", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == v1[:10]
+        (a.path / "f").write_bytes(v2)
+        os.fchmod(fd, 0o600)
+        os.setxattr(fd, "user.step", b"7")
+        assert os.fstat(fd).st_mode & 0o7777 == 0o600
+        assert os.pread(fd, len(v1) + 1, 0) == v1
+    finally:
+        os.close(fd)
+    assert os.stat(a.path / "f").st_mode & 0o7777 == 0o600
+    assert os.getxattr(a.path / "f", "user.step") == b"7"
+    if durability == "async":
+        run_ckptfs("wait", str(a.path), check=True)
+    b = make_mount(local_store, name="b", durability=durability)
+    assert (b.path / "f").read_bytes() == v2
+    assert os.stat(b.path / "f").st_mode & 0o7777 == 0o600
+    assert os.getxattr(b.path / "f", "user.step") == b"7"
+
+
 # A mapping (``torch.load(mmap=True)``, numpy's memmap) is a reader too: a save over the
 # file in place on its node cut the mapped file, and touching a page past the new size
 # killed the process with SIGBUS (as on a local disk).  The mapping keeps its version
