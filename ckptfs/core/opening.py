@@ -18,6 +18,7 @@ from ..meta.namespace import Inode
 from ..procstat import Opener
 from .critical import no_await
 from .state import PAGE_VERSIONS_KEPT, PASSTHROUGH_MIN_FREE, CoreState, Handle, Runtime
+from .taken import hand_owed_version_to, may_hand_over
 from .write import WritePath
 
 if TYPE_CHECKING:
@@ -160,17 +161,19 @@ class Opening:
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
 
     @no_await
-    def _move_for_a_writer(self, ino: int) -> bool:
-        """``_fresh_inode_for_name`` for a writer's step, which the kernel then does
-        again on the fresh inode: remembered, so that its retry gets through."""
+    def _move_for_a_writer(self, ino: int, writes: bool = True) -> bool:
+        """``_fresh_inode_for_name`` for an open's step (a writer's, unless not
+        ``writes``), which the kernel then does again on the fresh inode: a writer's is
+        remembered, so that its retry gets through (a reader's needs no pass, and one
+        left unspent let the next writer in beside readers)."""
         inode = self.st.ns.maybe_get(ino)
         if inode is None or not inode.names:
             return False
         at = inode.names[0]
-        if not self._fresh_inode_for_name(ino):
+        if not self._fresh_inode_for_name(ino, owed_ok=True):
             return False
         fresh = self.st.ns.lookup(*at)
-        if fresh is not None:
+        if fresh is not None and writes:
             self._moved_for_writers[fresh] = time.monotonic()
             while len(self._moved_for_writers) > MOVED_AWAY_KEPT:
                 self._moved_for_writers.popitem(last=False)
@@ -206,7 +209,8 @@ class Opening:
         goes on in place and says so in a WARNING -- and for ``IN_PLACE_QUIET`` seconds
         after, the file's next writers do not wait again (an appending logger beside a
         ``tail -f`` would wait at every open while its uploads lag)."""
-        if not self._read_by_its_readers(ino) or self._just_moved_for_a_writer(ino):
+        just_moved = self._just_moved_for_a_writer(ino)    # (spent here, readers or not)
+        if not self._read_by_its_readers(ino) or just_moved:
             return
         if self._move_for_a_writer(ino):
             self.st.refuse_if_moved_away(ino)       # ESTALE
@@ -228,28 +232,25 @@ class Opening:
                         "new size", self.st._path_for_log(inode) if inode else ino)
 
     @no_await
-    def _fresh_inode_for_name(self, ino: int, held_here: bool = False) -> bool:
+    def _fresh_inode_for_name(self, ino: int, held_here: bool = False,
+                              owed_ok: bool = False) -> bool:
         """Give the names of ``ino`` a fresh inode showing the same saved version (the
         store changes nothing: its entries are the fresh inode's now -- a hard-linked
         file's names all move, still one linked file); the old inode lives on,
         nameless, for the passthrough readers that hold it and goes with their release.
-        Only for a file that owes the store nothing: False otherwise.  The kernel finds
-        the fresh inode: an open answers ESTALE, and steps that reach the old one
-        through a dentry it kept answer ESTALE too (``CoreState.moved_away``).  Also
+        Only for a file with no work in flight (``_may_move``): False otherwise.  The
+        kernel finds the fresh inode: an open answers ESTALE, and steps that reach the
+        old one through a dentry it kept answer ESTALE too (``CoreState.moved_away``).  Also
         before another node's version replaces the one readers here hold open
         (``CoreState.fresh_inode_for_name``): the kernel's size of their inode stays
         theirs.  ``held_here``: the caller holds the inode's lock, in a step of its own
-        (its unsent attributes are the step's: it is repeated on the fresh inode)."""
+        (its unsent attributes are the step's: it is repeated on the fresh inode).
+        ``owed_ok``: a closed version still owed to the store moves too, its publish
+        with it (a writer's step: ``taken.hand_owed_version_to``)."""
         inode = self.st.ns.maybe_get(ino)
-        rt = self.st.runtime.get(ino)
-        if inode is None or inode.type != "file" or not inode.parent or \
-                not inode.published or inode.dirty or inode.links_pending or \
-                inode.held or (inode.attrs_unsent and not held_here) or inode.unsure or \
-                ino in self.st.queue.queued or (self.st._locked(ino) and not held_here) or \
-                (rt is not None and rt.session is not None) or \
-                any(r.get("ino") == ino and (r.get("kind") != "attrs" or not held_here)
-                    for r in self.st.oplog.pending.values()):
+        if inode is None or not _may_move(self.st, inode, held_here, owed_ok):
             return False
+        owed = inode.dirty
         (parent, name), others = inode.names[0], inode.names[1:]
         link_id, remote_nlink = inode.link_id, inode.remote_nlink
         with self.st.ns.batch():
@@ -258,12 +259,15 @@ class Opening:
             self.st.ns.save(inode)
             fresh = self.st.ns.new_inode(
                 parent, name, "file", inode.mode, inode.uid, inode.gid,
-                size=inode.published_size, chunks=list(inode.chunks), published=True,
+                size=inode.published_size, chunks=list(inode.chunks),
+                published=inode.published,
                 remote_etag=inode.remote_etag, mtime_ns=inode.mtime_ns,
                 xattrs=dict(inode.xattrs), save_id=inode.save_id, link_id=link_id,
                 remote_nlink=remote_nlink)
             for other_parent, other_name in others:
                 self.st.ns.add_name(fresh, other_parent, other_name)
+            if owed:
+                hand_owed_version_to(self.st, inode, fresh)
         self.st.moved_away[ino] = fresh.ino     # where a change through its readers goes
         while len(self.st.moved_away) > MOVED_AWAY_KEPT:
             self.st.moved_away.popitem(last=False)
@@ -420,3 +424,23 @@ class Opening:
     def keep_cache(self, handle: Handle) -> bool:
         return handle.keep_cache
 
+
+def _may_move(st: CoreState, inode: Inode, held_here: bool, owed_ok: bool) -> bool:
+    """``_fresh_inode_for_name``'s conditions: a named file with no work in flight
+    on it -- no write session, lock, unanswered PUT, hold, pending link entries or
+    metadata record -- and in the store, or (``owed_ok``) owing its closed version,
+    which the fresh inode then takes over (``taken.may_hand_over``)."""
+    if inode.type != "file" or not inode.parent:
+        return False
+    ino, rt = inode.ino, st.runtime.get(inode.ino)
+    if inode.dirty:
+        if not owed_ok or not may_hand_over(st, inode):
+            return False
+    elif not inode.published or inode.attrs_unsent and not held_here or \
+            ino in st.queue.queued:
+        return False
+    return not (inode.links_pending or inode.held or inode.unsure or
+                (st._locked(ino) and not held_here) or
+                (rt is not None and rt.session is not None) or
+                any(r.get("ino") == ino and (r.get("kind") != "attrs" or not held_here)
+                    for r in st.oplog.pending.values()))

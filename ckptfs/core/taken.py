@@ -86,3 +86,46 @@ def leave_taken_version(st: CoreState, inode: Inode,
         if not (rt and (rt.refs.get(ver) or (rt.session and rt.session.ver == ver))):
             st.staging.remove(ino, ver)
     st.ns.after_commit(drop_staging)
+
+
+@no_await
+def hand_owed_version_to(st: CoreState, old: Inode, fresh: Inode) -> None:
+    """``fresh`` has just taken the names of ``old`` beside ``old``'s readers
+    (``Opening._fresh_inode_for_name``) while ``old``'s last closed version is still
+    owed to the store: that version becomes ``fresh``'s closed version -- a hard link of
+    its staging file -- and ``old``'s pending publish, with its place in the metadata
+    log, becomes ``fresh``'s.  ``old``, nameless, keeps its staging file for its readers
+    and owes the store nothing (a publish of it in flight finds it nameless and ends).
+    Call in a batch, with ``old`` unlocked and ``may_hand_over(old)``."""
+    ver = fresh.max_ver + 1
+    st.staging.link_from(old.ino, old.ver, fresh.ino, ver)
+    st.ns.on_rollback(lambda: st.staging.remove(fresh.ino, ver))
+    fresh.max_ver, fresh.ver, fresh.dirty, fresh.local_copy = ver, ver, True, True
+    fresh.size, fresh.closed_mtime_ns = old.size, closed_mtime(old)
+    fresh.attrs_unsent = list(old.attrs_unsent)     # (they ride with the publish)
+    st.ns.save(fresh)
+    old.dirty, old.attrs_unsent = False, []         # (its staging file: its readers')
+    st.ns.save(old)
+    epoch = st._publish_epoch.get(old.ino, 0)
+    st.ns.publish_pending_add(fresh.ino, epoch)
+    st.ns.publish_pending_done(old.ino)
+
+    def hand_over() -> None:
+        st._publish_epoch.pop(old.ino, None)
+        st._publish_epoch[fresh.ino] = epoch
+        st.queue.discard(old.ino)
+        st.queue.submit(fresh.ino)
+    st.ns.after_commit(hand_over)
+    log.info("%s: saved over beside a reader before its last save reached the store: "
+             "that save goes on from a fresh inode", st._path_for_log(fresh))
+
+
+def may_hand_over(st: CoreState, inode: Inode) -> bool:
+    """Whether ``inode``'s owed closed version can go to a fresh inode
+    (``hand_owed_version_to``): a plain file's own closed version, staged, with no
+    write session, no pointer waiting for a seal and no hold on another name."""
+    rt = st.runtime.get(inode.ino)
+    return inode.type == "file" and inode.dirty and not inode.link_id and \
+        not inode.links_pending and not inode.held and not holds_taken_version(inode) and \
+        inode.ino not in st._held_pointers and not (rt is not None and rt.session) and \
+        st.staging.exists(inode.ino, inode.ver)

@@ -266,3 +266,36 @@ def test_a_joined_checkpoint_waits_for_the_joining_nodes_writer(local_store, mak
     assert sorted(os.listdir(other.path / "checkpoint-7")) == ["rank0.bin", "rank1.bin",
                                                                "trainer_state.json"]
     assert (other.path / "checkpoint-7" / "rank1.bin").read_bytes() == shard
+
+
+@pytest.mark.expect_log_errors(r"store timeout: ", r"store closed: ", r"store error: ",
+                               r"failed after \d+ attempts")
+def test_a_save_beside_a_reader_of_a_version_the_store_has_not_got_leaves_the_reader_whole(
+        store_proxy, s3_store, make_mount):
+    """The store hangs, so the version a reader opened is not uploaded: a save over it
+    in place on the same node went on in place after 2 s, and the reader read its
+    version cut at the new size.  The name now moves to a fresh inode that takes the
+    owed version over (decision 0031, addendum of stop 49)."""
+    mnt = make_mount(store_proxy, durability="async", extra=("--store-timeout", "5"))
+    os.listdir(mnt.path)
+    store_proxy.proxy.mode = "hang"
+    v1, v2 = os.urandom(MiB), os.urandom(100)
+    (mnt.path / "latest.pt").write_bytes(v1)
+    fd = os.open(mnt.path / "latest.pt", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == v1[:10]
+        (mnt.path / "latest.pt").write_bytes(v2)
+        assert os.fstat(fd).st_size == len(v1)
+        data = bytearray()
+        while chunk := os.pread(fd, MiB, len(data)):
+            data += chunk
+        assert bytes(data) == v1, f"the reader read {len(data)} of its {len(v1)} bytes"
+    finally:
+        os.close(fd)
+    assert (mnt.path / "latest.pt").read_bytes() == v2
+    assert "saved over while a reader" not in \
+        (mnt.state_dir / "ckptfs.log").read_text(errors="replace")
+    store_proxy.proxy.mode = "pass"
+    run_ckptfs("wait", str(mnt.path), check=True, timeout=120)
+    other = fresh(make_mount, s3_store)
+    assert (other.path / "latest.pt").read_bytes() == v2

@@ -39,13 +39,16 @@ def core_config() -> dict:
 
 async def test_readers_of_two_versions_of_one_inode_bypass_the_page_cache(core,
                                                                           monkeypatch):
-    """The save could not move the name (its version before was not uploaded yet: it
-    went on in place past the wait): a reader of the new version beside one of the old
-    reads by direct I/O, each its own version."""
+    """The save could not move the name (its version before, of a hard-linked file,
+    was not uploaded yet: it went on in place past the wait): a reader of the new
+    version beside one of the old reads by direct I/O, each its own version."""
     from ckptfs.core import opening
     monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
+    ino = await core.save(ROOT, b"model.pt", b"first")
+    await core.fs.link(ino, ROOT, b"also.pt")
+    await core.fs.wait_idle()
     uploading = core.store.gate("put", prefix="chunks/")
-    ino = await core.save(ROOT, b"model.pt", b"a" * 10000)
+    assert await core.save(ROOT, b"model.pt", b"a" * 10000) == ino
     old = await core.fs.open(ino, os.O_RDONLY, core.me())
     await core.save(ROOT, b"model.pt", b"b" * 10000)
     newer = await core.fs.open(ino, os.O_RDONLY, core.me())

@@ -6,10 +6,12 @@ core reports of a file whose bytes it never sees (the staging file's size)."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
 
+from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO as ROOT
 from support.core import WRITE_NEW
 
@@ -77,16 +79,47 @@ async def test_a_writer_beside_an_open_reader_of_the_old_version_gets_a_fresh_in
     assert await core.load(await core.resolve("model.pt")) == b"b" * 2000
 
 
-async def test_a_writer_beside_a_reader_of_a_version_not_uploaded_stays_on_the_daemon(
-        core, monkeypatch):
-    """The version the reader holds is not in the store yet, so the name cannot move
-    (the fresh inode shows the store's): past the wait the writer goes on in place, on
-    the daemon's path beside the cached reader."""
-    from ckptfs.core import opening
-    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
+async def test_a_writer_beside_a_reader_of_a_version_not_uploaded_gets_a_fresh_inode(core):
+    """The version the reader holds is not in the store yet: the name moves to a fresh
+    inode that takes it over (decision 0031, addendum of stop 49), and the writer's
+    open there, alone on its inode, is served by passthrough."""
     _kernel_passthrough(core)
     uploading = core.store.gate("put", prefix="chunks/")
     ino = await core.save(ROOT, b"model.pt", b"a" * 3000)
+    reader = await core.fs.open(ino, os.O_RDONLY, core.me())
+    with pytest.raises(FsError) as refused:
+        await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
+    assert refused.value.errno == errno.ESTALE          # the kernel opens by name again
+    fresh = await core.resolve("model.pt")
+    assert fresh != ino
+    writer = await core.fs.open(fresh, os.O_WRONLY | os.O_TRUNC, core.me())
+    assert writer.passthrough
+    os.pwrite(core.fs.backing_fd(writer), b"b" * 2000, 0)
+    await core.fs.flush(writer.fh)
+    await core.fs.release(writer.fh)
+    assert await core.fs.read(reader.fh, 0, 10000) == b"a" * 3000
+    await core.fs.release(reader.fh)
+    uploading.release()
+    await core.fs.wait_idle()
+    assert await core.load(await core.resolve("model.pt")) == b"b" * 2000
+
+
+async def test_a_writer_beside_a_reader_of_a_linked_version_not_uploaded_stays_on_the_daemon(
+        core, monkeypatch):
+    """A hard-linked file's version not in the store yet cannot move (its content is
+    the shared object's): past the wait the writer goes on in place, on the daemon's
+    path beside the cached reader."""
+    from ckptfs.core import opening
+    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
+    _kernel_passthrough(core)
+    ino = await core.save(ROOT, b"model.pt", b"first")
+    await core.fs.link(ino, ROOT, b"also.pt")
+    await core.fs.wait_idle()
+    uploading = core.store.gate("put", prefix="chunks/")
+    writer = await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
+    await core.fs.write(writer.fh, 0, b"a" * 3000)
+    await core.fs.flush(writer.fh)
+    await core.fs.release(writer.fh)
     reader = await core.fs.open(ino, os.O_RDONLY, core.me())
     writer = await core.fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
     assert writer.ino == ino and not writer.passthrough

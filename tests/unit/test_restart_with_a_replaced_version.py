@@ -21,12 +21,21 @@ from support.core import WRITE_NEW, Core, me, open_core
 pytestmark = pytest.mark.trio
 
 
-async def test_a_replaced_version_is_dropped_and_an_unclosed_one_kept(tmp_path, caplog):
+async def test_a_replaced_version_is_dropped_and_an_unclosed_one_kept(tmp_path, caplog,
+                                                                     monkeypatch):
+    """(A hard-linked file's save beside a reader of a version not uploaded yet goes on
+    in place: any other file's moves to a fresh inode, decision 0031.)"""
+    from ckptfs.core import opening
+    monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.1)
     store = MemoryStore()
     config = Config(durability="async")
     async with open_core(tmp_path / "a", store, config) as fs:
         core = Core(fs, store)
-        ino = await core.save(ROOT_INO, b"latest.pt", b"1" * 5000)
+        ino = await core.save(ROOT_INO, b"latest.pt", b"0")
+        await fs.link(ino, ROOT_INO, b"also.pt")
+        await fs.wait_idle()
+        uploading = store.gate("put", prefix="chunks/", times=1000)
+        assert await core.save(ROOT_INO, b"latest.pt", b"1" * 5000) == ino
         reader = await fs.open(ino, os.O_RDONLY, me())          # holds version 1
         await core.save(ROOT_INO, b"latest.pt", b"2" * 5000)    # replaces it
         other = await core.save(ROOT_INO, b"other.pt", b"o" * 100)
@@ -35,6 +44,7 @@ async def test_a_replaced_version_is_dropped_and_an_unclosed_one_kept(tmp_path, 
         before = {i: fs.st.staging.versions_of(i) for i in (ino, other)}
         assert len(before[ino]) == 2 and len(before[other]) == 2, before
         assert reader.fh and writer.fh        # the daemon stops with both open
+        uploading.release()
     caplog.clear()
     caplog.set_level(logging.INFO)
     async with open_core(tmp_path / "a", store, config) as fs:

@@ -112,9 +112,11 @@ async def test_no_reader_no_fresh_inode(tmp_path):
 
 async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_place_once(
         tmp_path, monkeypatch, caplog):
-    """The version the reader holds is not in the store (its upload held): the first
-    save waits for it, then goes on in place and says so; the next save within
-    ``IN_PLACE_QUIET`` does not wait again (an appending logger beside a ``tail -f``)."""
+    """The version the reader holds is not in the store (its upload held) and cannot
+    go to a fresh inode (a hard-linked file's: ``taken.may_hand_over``; a plain file's
+    does, test_save_beside_a_reader_of_a_version_not_uploaded.py): the first save waits
+    for it, then goes on in place and says so; the next save within ``IN_PLACE_QUIET``
+    does not wait again (an appending logger beside a ``tail -f``)."""
     import logging
     from ckptfs.core import opening
     monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.2)
@@ -122,8 +124,12 @@ async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_pla
     async with open_core(tmp_path / "a", store,
                          Config(durability="async", upload_hold=0.0)) as fs:
         core = Core(fs, store)
+        old = await core.save(ROOT_INO, b"f0", b"the first version")
+        await fs.link(old, ROOT_INO, b"f1")
+        with trio.fail_after(30):
+            await fs.wait_idle()
         uploading = store.gate("put", prefix="chunks/", times=1000)
-        old = await core.save(ROOT_INO, b"f0", OLD)
+        await save_over(core, old)
         reader = await fs.open(old, os.O_RDONLY, core.me())
         with caplog.at_level(logging.WARNING, logger="ckptfs.core.opening"):
             for _ in range(3):
@@ -136,3 +142,34 @@ async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_pla
         with trio.fail_after(30):
             await fs.wait_idle()
         assert await core.load(old) == NEW
+
+
+async def test_the_writers_retry_pass_is_spent_even_where_the_retry_meets_no_reader(
+        tmp_path):
+    """Found by a review: the pass a fresh inode gets for its writer's retry was spent
+    only where the retry met readers of the fresh inode.  The usual retry meets none
+    (the readers hold the old inode), so the pass stayed, and the trainer's next save
+    within ``WRITER_RETRY_WINDOW`` went on in place beside an evaluator that had opened
+    the fresh inode meanwhile: its version cut at the new size."""
+    first, second = b"the first save " * 3000, b"the second " * 4
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store, Config(durability="sync")) as fs:
+        core = Core(fs, store)
+        old = await core.save(ROOT_INO, b"f0", OLD)
+        r1 = await fs.open(old, os.O_RDONLY, core.me())
+
+        async def save(data: bytes, ino: int) -> None:
+            handle = await fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me())
+            await fs.write(handle.fh, 0, data)
+            await fs.flush(handle.fh)
+            await fs.release(handle.fh)
+        fresh = await step_by_name(core, lambda ino: save(first, ino))
+        assert fresh != old
+        r2 = await fs.open(fresh, os.O_RDONLY, core.me())          # an evaluator
+        assert await fs.read(r2.fh, 0, len(first)) == first
+        acted = await step_by_name(core, lambda ino: save(second, ino))
+        assert acted != fresh, "the next save went in place into the inode a reader holds"
+        assert fs.getattr(fresh).size == len(first)
+        assert await fs.read(r2.fh, 0, len(first) + 1) == first
+        for handle in (r1, r2):
+            await fs.release(handle.fh)
