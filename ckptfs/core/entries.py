@@ -17,7 +17,8 @@ import trio
 
 from ..errors import FsError
 from ..meta.namespace import Inode
-from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, entry_key, inode_key
+from ..format.remote import (COUNTED_KEPT, MAX_CHUNK_SIZE, BadEntry, Entry, entry_key,
+                             inode_key)
 from ..store import NotFound, PreconditionFailed, StoreClosed, StoreError
 from ..store.health import outage_cause
 
@@ -232,9 +233,12 @@ class EntryIO:
 
     async def _change_nlink(self, inode: Inode, delta: int) -> None:
         """Count a name more or less in a hard-linked inode's object (compare-and-swap
-        on its ETag); the object goes with its last name."""
+        on its ETag); the object goes with its last name.  The change carries an id of
+        its own (``Entry.counted``): a try that meets its own earlier write, whose reply
+        was lost, ends there instead of counting the name twice."""
         key = inode_key(link_id_of(inode))
         etag = inode.remote_etag
+        count_id = uuid.uuid4().hex
         for _ in range(8):
             if etag is None:
                 try:
@@ -244,6 +248,8 @@ class EntryIO:
                         return   # gone already
                     raise
                 self._adopt_newer(inode, entry, etag)
+                if count_id in inode.link_counted:
+                    return      # made already: its reply was lost
             n = inode.remote_nlink + delta
             try:
                 if n <= 0:
@@ -251,11 +257,12 @@ class EntryIO:
                     inode.remote_nlink, inode.remote_etag = 0, None
                 else:
                     entry = content_entry(inode)
-                    entry.nlink = n
+                    entry.nlink, entry.counted = n, counted_with(inode.link_counted, count_id)
                     inode.remote_etag = await self._store(
                         functools.partial(self.st.store.put, key, entry.to_json(),
                                           if_match=etag))
                     inode.remote_nlink, inode.attrs_unsent = n, []    # sent with it
+                    inode.link_counted = entry.counted
                 self.st.ns.save(inode)
                 return
             except PreconditionFailed:
@@ -354,7 +361,7 @@ class EntryIO:
                     "mtime" not in inode.attrs_unsent:
                 inode.closed_mtime_ns = entry.mtime_ns
         if inode.link_id:
-            inode.remote_nlink = entry.nlink
+            inode.remote_nlink, inode.link_counted = entry.nlink, list(entry.counted)
         inode.save_id = mine    # (a file's new save: below)
         if new_save:
             inode.chunks, inode.save_id = list(entry.chunks), saved
@@ -459,7 +466,13 @@ def content_entry(inode: Inode) -> Entry:
                  rdev=inode.rdev, xattrs=dict(inode.xattrs),
                  nlink=max(1, inode.remote_nlink) if inode.link_id else 1,
                  sealed_at=inode.sealed_at,
-                 save_id=(inode.save_id or None) if inode.type != "dir" else None)
+                 save_id=(inode.save_id or None) if inode.type != "dir" else None,
+                 counted=list(inode.link_counted) if inode.link_id else [])
+
+
+def counted_with(counted: list[str], count_id: str) -> list[str]:
+    """An inode object's latest count-out ids (``Entry.counted``) with ``count_id``."""
+    return [*counted, count_id][-COUNTED_KEPT:]
 
 
 def closed_mtime(inode: Inode) -> int:

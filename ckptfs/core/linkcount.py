@@ -20,25 +20,31 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import uuid
 
 from ..errors import FsError
 from ..format.remote import MAX_CHUNK_SIZE, BadEntry, Entry, inode_key
 from ..store import NotFound, PreconditionFailed
 from ..meta.namespace import Inode
-from .entries import EntryIO, entry_identity
+from .entries import EntryIO, counted_with, entry_identity
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 8
 
 
-async def count_out_link(entries: EntryIO, link_id: str) -> None:
+async def count_out_link(entries: EntryIO, link_id: str, count_id: str | None = None
+                         ) -> None:
     """One name fewer in the shared object ``link_id``; the object goes with its last
     name.  An object already gone stays gone; one whose count says no name is left
     (corrupt, or older than counts) is left as it is, with a WARNING: never deleted on
-    a count that cannot be right."""
+    a count that cannot be right.  ``count_id``: this count-out's id, the same in every
+    try of it (a record's, kept in the record): an object that holds it already
+    (``Entry.counted``) had it made by a try whose reply was lost, and is left as it is
+    -- counted again, the object went while another name still linked it."""
     key = inode_key(link_id)
     store = entries.st.store
+    count_id = count_id or uuid.uuid4().hex
     for _ in range(ATTEMPTS):
         try:
             body, etag = await entries._store(store.get, key)
@@ -48,11 +54,13 @@ async def count_out_link(entries: EntryIO, link_id: str) -> None:
             obj = Entry.from_json(body, MAX_CHUNK_SIZE)
         except BadEntry as exc:
             raise FsError(errno.EIO, f"corrupt inode object {key}: {exc}") from None
+        if count_id in obj.counted:
+            return                  # made already: its reply was lost
         try:
             if obj.nlink == 1:
                 await entries._store(functools.partial(store.delete, key, if_match=etag))
             elif obj.nlink > 1:
-                obj.nlink -= 1
+                obj.nlink, obj.counted = obj.nlink - 1, counted_with(obj.counted, count_id)
                 await entries._store(functools.partial(store.put, key, obj.to_json(),
                                                        if_match=etag))
             else:

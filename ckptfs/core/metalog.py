@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+import uuid
 
 from ..errors import FsError
 from ..meta.namespace import Inode
@@ -154,7 +155,8 @@ class MetaLogApply:
 
     async def _exec_move(self, seq: int, record: dict) -> None:
         if record.get("count_out"):     # moved over a link already (_move_over_link)
-            await count_out_link(self.entries, record["count_out"])
+            await count_out_link(self.entries, record["count_out"],
+                                 record.get("count_id"))
             return
         ino = record["ino"]
         old_key = self._logged_key(record)
@@ -203,7 +205,8 @@ class MetaLogApply:
                                                                 *exc.found)
         self.st._drop_rt(ino)
         if record.get("count_out"):
-            await count_out_link(self.entries, record["count_out"])
+            await count_out_link(self.entries, record["count_out"],
+                                 record.get("count_id"))
         if seals:
             self.seals._sealed(inode)
 
@@ -221,7 +224,7 @@ class MetaLogApply:
         seals, gone = await self._move_locked(inode, *keys, seals, replaced,
                                               expect | {entry_identity(link)})
         if gone is not None and gone.type == "link" and gone.link == link.link:
-            record = {**record, "count_out": link.link}
+            record = {**record, "count_out": link.link, "count_id": uuid.uuid4().hex}
             self.st.oplog.update(seq, record)
             log.info("%s: another node renamed a hard-linked name there after this node's "
                      "rename to it; this file replaces it", self.st._path_for_log(inode))

@@ -35,6 +35,9 @@ READABLE_VERSIONS = (1, 2)
 # Entries may name chunks up to this size whatever this node's own chunk size: every
 # node reads files written with any chunk size.
 MAX_CHUNK_SIZE = 64 << 20
+# How many link count-outs an inode object remembers (``Entry.counted``): far more
+# than can be in flight for one linked file at once.
+COUNTED_KEPT = 32
 _DIR_ID_RE = re.compile(r"^(root|[0-9a-f]{32})$")
 # Special files (FIFOs, devices, sockets) are metadata-only entries (issue 10); "link"
 # names a hard-linked file whose content lives in ``inodes/<id>`` (decision 0008).
@@ -298,6 +301,11 @@ class Entry:
     # newer save of the same bytes from the one a node published (decision 0016);
     # absent in entries written before it existed.
     save_id: str | None = None
+    # Inode objects: the ids of the latest link count-outs made on them (at most
+    # ``COUNTED_KEPT``, oldest first), so that a count-out tried again after its reply
+    # was lost finds itself done instead of counting a name out twice; absent in
+    # objects written before it existed, and while none was made.
+    counted: list[str] = field(default_factory=list)
 
     def claim_is_live(self, now: float, ttl: float) -> bool:
         return self.moving_to is not None and now - self.moving_at < ttl
@@ -327,6 +335,8 @@ class Entry:
             doc["inode"] = self.link
         if self.nlink != 1:
             doc["nlink"] = self.nlink
+        if self.counted:
+            doc["counted"] = list(self.counted[-COUNTED_KEPT:])
         if self.sealed_at is not None:
             doc["sealed_at"] = self.sealed_at
         if self.xattrs:
@@ -368,6 +378,10 @@ class Entry:
         save_id = doc.get("save")
         if kind not in ("dir", "link") and isinstance(save_id, str) and _SAVE_ID_RE.match(save_id):
             entry.save_id = save_id                 # anything else: as if absent
+        counted = doc.get("counted")
+        if isinstance(counted, list) and len(counted) <= COUNTED_KEPT and \
+                all(isinstance(c, str) and _COUNT_ID_RE.match(c) for c in counted):
+            entry.counted = list(counted)           # anything else: as if absent
         return entry
 
     @property
@@ -377,6 +391,7 @@ class Entry:
 
 _LINK_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _SAVE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+_COUNT_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _is_int(value: object) -> bool:

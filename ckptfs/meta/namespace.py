@@ -112,6 +112,9 @@ class Inode:
     # (core/taken.py): while it is ``ver``, the closed version is the name's, and a
     # rename on leaves it there.  0: none.
     taken_ver: int = 0
+    # Hard-linked files: the ids of the latest link count-outs the shared object holds
+    # (``Entry.counted``), as last read or written there: every rewrite keeps them.
+    link_counted: list[str] = field(default_factory=list)
 
     @property
     def st_mode(self) -> int:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from ckptfs.format.remote import (ROOT_DIR_ID, BadEntry, Entry, RemovalMark, decode_name,
-                                  encode_name, entry_key)
+from ckptfs.format.remote import (COUNTED_KEPT, ROOT_DIR_ID, BadEntry, Entry, RemovalMark,
+                                  decode_name, encode_name, entry_key)
 
 SHA = "a" * 64
 
@@ -105,6 +105,20 @@ def test_entries_keep_user_xattrs_and_links():
     assert (link.type, link.link) == ("link", "b" * 32)
     inode = Entry.from_json(entry(nlink=3), max_chunk=8 << 20)
     assert inode.nlink == 3
+
+
+def test_inode_objects_keep_their_latest_count_out_ids():
+    """``counted`` (the latest link count-outs made on an inode object) survives a
+    round trip, keeps the latest ``COUNTED_KEPT``, and is as if absent where it is not
+    a list of ids: an older or hostile writer's object still parses."""
+    ids = [f"{i:032x}" for i in range(COUNTED_KEPT + 5)]
+    again = Entry.from_json(Entry(type="file", mode=0o600, nlink=2, counted=ids).to_json(),
+                            max_chunk=8 << 20)
+    assert again.counted == ids[-COUNTED_KEPT:]
+    assert Entry.from_json(entry(nlink=2), max_chunk=8 << 20).counted == []
+    for hostile in (["not an id"], "a" * 32, [5], ["a" * 32] * (COUNTED_KEPT + 1)):
+        assert Entry.from_json(entry(nlink=2, counted=hostile), max_chunk=8 << 20).counted \
+            == []
 
 
 @pytest.mark.parametrize("body", [
