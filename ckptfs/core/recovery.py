@@ -131,9 +131,13 @@ class Recovery:
                          "work in it, is done with: dropped from this node's metadata",
                          inode.dir_id, inode.ino)
                 self._drop_tree(inode)
-            elif not inode.link_id:
+            elif not inode.link_id or not any(r.get("ino") == inode.ino
+                                              for r in self.st.oplog.pending.values()):
                 # A file unlinked (or moved to a fresh inode) while open, the daemon
-                # stopped before its last release: nothing can reach it any more.
+                # stopped before its last release: nothing can reach it any more.  A
+                # hard-linked one too, unless a record of it is pending (its other
+                # names find the shared object again at a listing): it was kept for
+                # good, with its local copy.
                 log.debug("inode %d, under no name and owing nothing: dropped", inode.ino)
                 self.publisher._delete_inode(inode)
 
