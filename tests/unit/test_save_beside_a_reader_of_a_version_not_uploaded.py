@@ -30,15 +30,21 @@ pytestmark = pytest.mark.trio
 ASYNC = Config(durability="async", upload_hold=0.0)
 
 
+async def owed_beside_a_reader(core: Core, store: MemoryStore) -> tuple:
+    """``f0`` saved, its upload held (the gate), and a reader holding that version:
+    (the gate, the inode, the reader's handle)."""
+    uploading = store.gate("put", prefix="chunks/", times=1000)
+    old = await core.save(ROOT_INO, b"f0", OLD)
+    await reached(uploading)
+    return uploading, old, await core.fs.open(old, os.O_RDONLY, core.me())
+
+
 async def test_the_save_moves_the_name_without_waiting_and_the_reader_keeps_its_version(
         tmp_path, caplog):
     store = MemoryStore()
     async with open_core(tmp_path / "a", store, ASYNC) as fs:
         core = Core(fs, store)
-        uploading = store.gate("put", prefix="chunks/", times=1000)
-        old = await core.save(ROOT_INO, b"f0", OLD)
-        await reached(uploading)
-        reader = await fs.open(old, os.O_RDONLY, core.me())
+        uploading, old, reader = await owed_beside_a_reader(core, store)
         with caplog.at_level(logging.WARNING, logger="ckptfs"), trio.fail_after(1.5):
             acted = await step_by_name(core, lambda ino: save_over(core, ino))
         assert acted != old, "the new version went into the reader's inode"
@@ -64,10 +70,7 @@ async def test_the_version_taken_over_lands_when_the_next_save_never_closes(tmp_
     store = MemoryStore()
     async with open_core(tmp_path / "a", store, ASYNC) as fs:
         core = Core(fs, store)
-        uploading = store.gate("put", prefix="chunks/", times=1000)
-        old = await core.save(ROOT_INO, b"f0", OLD)
-        await reached(uploading)
-        reader = await fs.open(old, os.O_RDONLY, core.me())
+        uploading, old, reader = await owed_beside_a_reader(core, store)
         handles = []
 
         async def open_for_a_save(ino: int) -> None:
