@@ -52,6 +52,7 @@ class EntryIO:
                                     rdev=entry.rdev, xattrs=dict(entry.xattrs),
                                     link_id=entry.link,
                                     remote_nlink=entry.nlink if entry.link else 0,
+                                    link_counted=list(entry.counted),
                                     staged=entry.staged and entry.type == "dir",
                                     sealed_at=entry.sealed_at, save_id=read_save_id(entry))
 
@@ -299,6 +300,7 @@ class EntryIO:
                 continue
             self.st.ns.set_link_id(inode, link_id)
             inode.remote_etag, inode.remote_nlink = obj_etag or None, 1
+            inode.link_counted = []         # (a new object)
             inode.attrs_unsent = []         # the object has them
             self.st.ns.save(inode)
             return

@@ -253,6 +253,7 @@ class Opening:
         owed = inode.dirty
         (parent, name), others = inode.names[0], inode.names[1:]
         link_id, remote_nlink = inode.link_id, inode.remote_nlink
+        counted = inode.link_counted
         with self.st.ns.batch():
             self.st.ns.unlink(inode, all_names=True)  # here only: the store stays as it is
             inode.link_id, inode.remote_nlink = None, 0     # (nameless: no linked file)
@@ -263,7 +264,7 @@ class Opening:
                 published=inode.published,
                 remote_etag=inode.remote_etag, mtime_ns=inode.mtime_ns,
                 xattrs=dict(inode.xattrs), save_id=inode.save_id, link_id=link_id,
-                remote_nlink=remote_nlink)
+                remote_nlink=remote_nlink, link_counted=list(counted))
             for other_parent, other_name in others:
                 self.st.ns.add_name(fresh, other_parent, other_name)
             if owed:

@@ -271,6 +271,7 @@ class Refresh:
         if entry.link and inode.link_id is None:   # another node linked it
             self.st.ns.set_link_id(inode, entry.link)
         inode.remote_nlink = entry.nlink if entry.link else 0
+        inode.link_counted = list(entry.counted)    # (every rewrite of it keeps them)
         content_changed = inode.chunks != entry.chunks
         inode.mode, inode.uid, inode.gid = entry.mode, entry.uid, entry.gid
         inode.mtime_ns, inode.chunks, inode.size = entry.mtime_ns, entry.chunks, entry.size

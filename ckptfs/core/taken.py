@@ -123,9 +123,17 @@ def hand_owed_version_to(st: CoreState, old: Inode, fresh: Inode) -> None:
 def may_hand_over(st: CoreState, inode: Inode) -> bool:
     """Whether ``inode``'s owed closed version can go to a fresh inode
     (``hand_owed_version_to``): a plain file's own closed version, staged, with no
-    write session, no pointer waiting for a seal and no hold on another name."""
+    write session, no pointer waiting for a seal and no hold on another name.  Async
+    mode only: a sync close publishes its version itself and returns once it is in
+    the store (moved, the close found it nameless and returned at once).  Not while a
+    handle that wrote is open: the kernel may write on into that staging file through
+    it (a passthrough writer's child), which the fresh inode's link would then show
+    and never publish."""
     rt = st.runtime.get(inode.ino)
-    return inode.type == "file" and inode.dirty and not inode.link_id and \
+    writing = rt is not None and any(
+        h is not None and h.writable for h in map(st.handles.get, rt.handles))
+    return st.config.durability == "async" and not writing and \
+        inode.type == "file" and inode.dirty and not inode.link_id and \
         not inode.links_pending and not inode.held and not holds_taken_version(inode) and \
         inode.ino not in st._held_pointers and not (rt is not None and rt.session) and \
         st.staging.exists(inode.ino, inode.ver)

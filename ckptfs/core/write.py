@@ -93,9 +93,12 @@ class WritePath:
                 self.st.staging.create_empty(inode.ino, ver)
             elif inode.dirty or inode.local_copy:
                 if not inode.dirty and not rt.refs.get(inode.ver) and \
-                        not (rt.passthrough and rt.passthrough_ver == inode.ver):
+                        not (rt.passthrough and rt.passthrough_ver == inode.ver) and \
+                        not self.st.staging.shared(inode.ino, inode.ver):
                     # A clean local copy nobody reads (not even the kernel, for a
-                    # passthrough handle): the store has it, take it over.
+                    # passthrough handle; nor under another name: a version a fresh
+                    # inode took over beside readers, ``taken.py``): the store has it,
+                    # take it over.
                     self.st.staging.rename_version(inode.ino, inode.ver, ver)
                     inode.local_copy = False
                     self.st.cache.untrack_local(inode.ino)

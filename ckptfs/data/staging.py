@@ -105,6 +105,14 @@ class Staging:
     def exists(self, ino: int, ver: int) -> bool:
         return (ino, ver) in self._fds or self.path(ino, ver).exists()
 
+    def shared(self, ino: int, ver: int) -> bool:
+        """Whether version ``ver``'s file has another name too (``link_version``,
+        ``link_from``): written in place, it would change under that name's readers."""
+        try:
+            return self.path(ino, ver).stat().st_nlink > 1
+        except OSError:
+            return False
+
     def held(self) -> int:
         """Descriptors of staging files open now (owned ones not counted)."""
         return len(self._fds)
