@@ -127,6 +127,12 @@ class LeaseManager:
         if dir_ino is not None:
             self.seals.writer_left(dir_ino)
 
+    def handed_over(self, ino: int, to: int) -> None:
+        """``ino``'s owed closed version became ``to``'s (a fresh inode took its name
+        beside readers, core/taken.py): the lease it held below a staged directory is
+        ``to``'s now, until that publish lands."""
+        self.holding.handed_over(ino, to)
+
     def abandoned(self, inode: Inode) -> None:
         """A file below a staged directory was left unpublished (its writer was killed,
         or a write failed): this node's part of the checkpoint is incomplete.  Its lease

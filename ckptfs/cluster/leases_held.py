@@ -185,6 +185,18 @@ class HeldLeases:
         self.persist()
         return dir_ino
 
+    def handed_over(self, ino: int, to: int) -> None:
+        """See ``LeaseManager.handed_over``."""
+        dir_ino = self.file_dir.pop(ino, None)
+        if dir_ino is None:
+            return
+        self.file_dir[to] = dir_ino
+        held = self.held.get(dir_ino)
+        if held is not None:
+            held.files.discard(ino)
+            held.files.add(to)
+        self.persist()
+
     def abandoned(self, inode: Inode) -> None:
         """See ``LeaseManager.abandoned``."""
         dir_ino = self.file_dir.get(inode.ino)

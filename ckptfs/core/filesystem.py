@@ -289,11 +289,18 @@ class Filesystem:
         kept.  It is the file's, wherever its name went (``CoreState.moved_to``), and
         the reader's inode shows it too."""
         moved_to = self.st.moved_to(ino)
-        if moved_to is None:
-            self.st.refuse_if_moved_away(ino)
+        if moved_to is None or self.st.ns.maybe_get(ino) is None:
+            self.st.refuse_if_moved_away(ino)   # (gone: only a kept dentry reaches it)
         assert moved_to is not None
         await self.attrs.setattr(moved_to, **change)
         return self.opening.live_size(await self.attrs.setattr(ino, **change))
+
+    def now_at(self, ino: int) -> int:
+        """``ino``, or the inode its name moved to beside readers since (followed: a
+        moved file's pending publish is that inode's, ``taken.py``)."""
+        if ino not in self.st.moved_away:
+            return ino
+        return self.st.moved_to(ino) or ino
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
         return self.attrs.getxattr(ino, name)
@@ -307,7 +314,7 @@ class Filesystem:
         if ino not in self.st.moved_away:
             return await self.attrs.setxattr(ino, name, value)
         moved_to = self.st.moved_to(ino)
-        if moved_to is None:
+        if moved_to is None or self.st.ns.maybe_get(ino) is None:
             self.st.refuse_if_moved_away(ino)
         assert moved_to is not None
         await self.attrs.setxattr(moved_to, name, value)

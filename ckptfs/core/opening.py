@@ -148,7 +148,7 @@ class Opening:
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._lingering_passthrough(ino, writable):
                 # (moved by this open, or by another one waiting beside it)
-                self._move_for_a_writer(ino)
+                self._move_for_a_writer(ino, writes=writable)
                 self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
         if self._lingering_passthrough(ino, writable):

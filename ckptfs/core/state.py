@@ -324,10 +324,8 @@ class CoreState:
     def moved_to(self, ino: int) -> int | None:
         """The inode the name of ``ino`` moved to, followed through its later moves:
         the file an attribute change through a descriptor of ``ino`` is for, as on a
-        disk, where a save in place keeps the file.  None where that file has no name
-        left, or ``ino`` itself is gone (only a kept dentry reaches it: ESTALE)."""
-        if self.ns.maybe_get(ino) is None:
-            return None
+        disk, where a save in place keeps the file, and the one ``ckptfs wait`` of its
+        path waits for.  None where that file has no name left."""
         for _ in range(MOVES_FOLLOWED):
             if ino not in self.moved_away:
                 inode = self.ns.maybe_get(ino)

@@ -113,8 +113,12 @@ def hand_owed_version_to(st: CoreState, old: Inode, fresh: Inode) -> None:
     def hand_over() -> None:
         st._publish_epoch.pop(old.ino, None)
         st._publish_epoch[fresh.ino] = epoch
+        since = st.queue.since.get(old.ino)     # (status: pending since the close)
         st.queue.discard(old.ino)
+        if since is not None:
+            st.queue.since.setdefault(fresh.ino, since)
         st.queue.submit(fresh.ino)
+        st.leases.handed_over(old.ino, fresh.ino)   # (a checkpoint's seal waits for it)
     st.ns.after_commit(hand_over)
     log.info("%s: saved over beside a reader before its last save reached the store: "
              "that save goes on from a fresh inode", st._path_for_log(fresh))

@@ -328,6 +328,12 @@ class ControlServer:
                 cur = ns.maybe_get(cur.parent)
         return out
 
+    def _followed(self, top: Inode) -> Inode:
+        """``top``, or the inode its name moved to beside readers since: a file's
+        owed version (and its publish) goes with the name (core/taken.py)."""
+        now = self.host.fs.ns.maybe_get(self.host.fs.now_at(top.ino))
+        return now if now is not None else top
+
     def _unfinished_under(self, top: Inode) -> set[int]:
         """Uploads (and held pointer files) at or below ``top``, and — async mode —
         metadata records of the store-bound log that touch ``top``, a directory below
@@ -361,7 +367,7 @@ class ControlServer:
             if top is None:
                 return
         asked_again = False
-        while active := self._unfinished_under(top):
+        while active := self._unfinished_under(top := self._followed(top)):
             if fs.oplog.refused and any(seq < 0 for seq in active):
                 if not asked_again:
                     asked_again = True          # (the store may be fixed by now)
