@@ -127,8 +127,8 @@ def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_m
     reader's version is in the store, the name moves to a fresh inode (the open answers
     ESTALE and the kernel looks the name up again): the next save goes on at once and
     the reader keeps its version.  While that version still waits for its upload, the
-    save waits for the reader (the usual case: a release already on its way) and, if it
-    stays, is refused with EBUSY -- nothing of either version is lost."""
+    fresh inode takes it over, upload and all: the save goes on at once too -- nothing
+    of either version is lost."""
     control = tmp_path / "faults.json"
     control.write_text(json.dumps({"rules": []}))
     node = make_mount(local_store, durability="async", faults={"control_file": str(control)})
@@ -149,20 +149,22 @@ def test_a_reader_that_joined_a_passthrough_save_outlives_it(local_store, make_m
     finally:
         reader.close()
     assert path.read_bytes() == b"c" * MiB
-    # The version before not uploaded yet (the store refuses): the save waits for the
-    # reader, then EBUSY; the reader and the name keep that version.
+    # The version before not uploaded yet (the store refuses): the name moves to a
+    # fresh inode that takes that version over (decision 0031, stop 49), so the save
+    # goes on at once; the reader keeps its version.  (Before: EBUSY past the wait.)
     control.write_text(json.dumps({"rules": [{"op": "put", "kind": "transient"}]}))
     with open(path, "wb") as writer:
         writer.write(b"d" * MiB)
         writer.flush()
         reader = open(path, "rb")
     try:
-        with pytest.raises(OSError) as refused:
-            open(path, "wb").close()
-        assert refused.value.errno == errno.EBUSY, refused.value
+        with open(path, "wb") as writer:
+            writer.write(b"e" * MiB)
         assert reader.read() == b"d" * MiB
+        assert os.fstat(reader.fileno()).st_nlink == 0
     finally:
         reader.close()
+    assert path.read_bytes() == b"e" * MiB
     control.write_text(json.dumps({"rules": []}))
     # A reader that goes while the next save waits: the save goes on.
     with open(path, "wb") as writer:
