@@ -14,6 +14,7 @@ import logging
 from ..errors import FsError
 from ..meta.namespace import Inode
 from .state import CoreState
+from .write import restore_closed_size
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -84,16 +85,7 @@ class Abandon:
 
     def restore_size(self, inode: Inode) -> None:
         """The size (and mtime) of the last closed version, saved."""
-        if inode.closed_mtime_ns is not None:     # a write session's mtime goes
-            inode.mtime_ns, inode.closed_mtime_ns = inode.closed_mtime_ns, None
-        if inode.dirty or inode.local_copy:
-            try:
-                inode.size = self.st.staging.size(inode.ino, inode.ver)
-            except FsError:
-                inode.size = inode.published_size
-        else:
-            inode.size = inode.published_size
-        self.st.ns.save(inode)
+        restore_closed_size(self.st, inode)
 
     async def drop_stale_entries(self) -> None:
         """Tell the kernel to forget names this node removed by itself (a killed

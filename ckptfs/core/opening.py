@@ -273,8 +273,8 @@ class Opening:
         while len(self.st.moved_away) > MOVED_AWAY_KEPT:
             self.st.moved_away.popitem(last=False)
         self.st.invalidate(ino)         # the reader's fstat: no name left
-        log.info("%s: a reader still reads the version before through the kernel; the "
-                 "name moves to a fresh inode for the next save",
+        log.info("%s: a reader here still holds the version before; the name moves to "
+                 "a fresh inode for the next save",
                  name.decode(errors="replace"))
         if self.st.invalidate_entry is not None:
             for where, what in ((parent, name), *others):
@@ -373,7 +373,12 @@ class Opening:
             session = await self.writes._join_session(inode, truncate)
             if truncate:
                 session.wrote = True
-        self._refuse_if_replaced(ino, writable)       # (meanwhile)
+        try:
+            self._refuse_if_replaced(ino, writable)       # (meanwhile)
+        except FsError:
+            if writable:
+                self.writes.drop_unheld_session(ino)
+            raise
         inode = self.st.ns.get(ino)
         handle = self._new_handle(inode, opener, writable)
         if writable:

@@ -122,6 +122,22 @@ class WritePath:
             self.st.ns.save(inode)
             return session
 
+    def drop_unheld_session(self, ino: int) -> None:
+        """A writer's open joined or started the session of ``ino`` and was then
+        refused (the file lost its name meanwhile: ESTALE): where no handle holds that
+        session, it goes -- its staging file, the size it gave the inode -- and readers
+        that joined it read the closed version.  Left, it stayed for good, held by
+        nobody, and a reader of the replaced file saw the size it set."""
+        rt = self.st.runtime.get(ino)
+        session = rt.session if rt is not None else None
+        inode = self.st.ns.maybe_get(ino)
+        if rt is None or session is None or session.handles or inode is None:
+            return
+        restore_closed_size(self.st, inode)
+        self.st.end_session(ino, rt)
+        self.st.staging.remove(ino, session.ver)
+        self.st.invalidate(ino)
+
     async def _materialize(self, inode: Inode, ver: int) -> None:
         """Write a published file's content into staging version ``ver``."""
         self.st.staging.create_empty(inode.ino, ver)
@@ -270,3 +286,18 @@ class WritePath:
             pending.error = exc   # a timeout is not tried again: the close stays bounded
         finally:
             pending.done.set()
+
+
+def restore_closed_size(st: CoreState, inode: Inode) -> None:
+    """The size (and mtime) of ``inode``'s last closed version, saved: a write session
+    that ends with nothing to close leaves no trace of its own."""
+    if inode.closed_mtime_ns is not None:     # a write session's mtime goes
+        inode.mtime_ns, inode.closed_mtime_ns = inode.closed_mtime_ns, None
+    if inode.dirty or inode.local_copy:
+        try:
+            inode.size = st.staging.size(inode.ino, inode.ver)
+        except FsError:
+            inode.size = inode.published_size
+    else:
+        inode.size = inode.published_size
+    st.ns.save(inode)
