@@ -36,26 +36,31 @@ def nlink_of(store: MemoryStore, link_id: str) -> int:
     return Entry.from_json(body, 1 << 30).nlink
 
 
+async def a_late_rename_over_a_link(a: Core, b: Core, store: MemoryStore) -> tuple:
+    """``f1``, ``lnk``, ``lnk2``: three names of one file (count 3), and ``tmp``, a
+    plain file; A's rename ``tmp -> dst`` is made first and held at its claim, and B's
+    ``lnk -> dst`` lands before it: (the link id, the claim's gate, to release)."""
+    ino = await a.save(ROOT_INO, b"f1", LINKED)
+    await a.fs.link(ino, ROOT_INO, b"lnk")
+    await a.fs.link(ino, ROOT_INO, b"lnk2")
+    await a.save(ROOT_INO, b"tmp", A_DATA)
+    with trio.fail_after(30):
+        await a.fs.wait_idle()
+    await b.fs.refresh_dir(ROOT_INO, force=True)
+    link_id = a.fs.getattr(ino).link_id
+    assert nlink_of(store, link_id) == 3
+    claim = store.gate("put", prefix="dirs/root/tmp")
+    await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
+    await reached(claim)
+    await b.fs.rename(ROOT_INO, b"lnk", ROOT_INO, b"dst", 0)
+    return link_id, claim
+
+
 async def test_a_count_out_whose_answer_was_lost_counts_out_once(tmp_path: Path):
     store = MemoryStore()
     config = Config(durability="async", metadata_ttl=3600.0, upload_hold=0.0)
     async with two_cores(tmp_path, store, config) as (a, b):
-        # f1, lnk, lnk2: three names of one file (count 3); tmp: a plain file.
-        ino = await a.save(ROOT_INO, b"f1", LINKED)
-        await a.fs.link(ino, ROOT_INO, b"lnk")
-        await a.fs.link(ino, ROOT_INO, b"lnk2")
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        with trio.fail_after(30):
-            await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
-        link_id = a.fs.getattr(ino).link_id
-        assert nlink_of(store, link_id) == 3
-
-        # A's tmp -> dst is made first and lands after B's lnk -> dst.
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
-        await b.fs.rename(ROOT_INO, b"lnk", ROOT_INO, b"dst", 0)
+        link_id, claim = await a_late_rename_over_a_link(a, b, store)
 
         # A's count-out lands, its answer is lost once.
         lost = []

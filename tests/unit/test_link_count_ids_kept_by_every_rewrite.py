@@ -20,12 +20,10 @@ from ckptfs.format.remote import Entry, inode_key
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore, NotFound
 from ckptfs.store.base import StoreTimeout
-from support.core import Core, open_core, reached
+from support.core import Core, open_core
+from test_link_count_after_a_lost_reply import a_late_rename_over_a_link
 
 pytestmark = pytest.mark.trio
-
-A_DATA = b"A's renamed file " * 300
-LINKED = b"the hard-linked file's bytes " * 100
 
 
 class HeldGets:
@@ -61,19 +59,7 @@ async def test_a_listing_nodes_rewrite_keeps_the_count_out_ids(tmp_path: Path):
     async with open_core(tmp_path / "a", a_view, config) as a_fs, \
             open_core(tmp_path / "b", store, config) as b_fs:
         a, b = Core(a_fs, store), Core(b_fs, store)
-        ino = await a.save(ROOT_INO, b"f1", LINKED)
-        await a.fs.link(ino, ROOT_INO, b"lnk")
-        await a.fs.link(ino, ROOT_INO, b"lnk2")
-        await a.save(ROOT_INO, b"tmp", A_DATA)
-        with trio.fail_after(30):
-            await a.fs.wait_idle()
-        await b.fs.refresh_dir(ROOT_INO, force=True)
-        link_id = a.fs.getattr(ino).link_id
-
-        claim = store.gate("put", prefix="dirs/root/tmp")
-        await a.fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"dst", 0)
-        await reached(claim)
-        await b.fs.rename(ROOT_INO, b"lnk", ROOT_INO, b"dst", 0)
+        link_id, claim = await a_late_rename_over_a_link(a, b, store)
 
         lost = []
         held = threading.Event()
