@@ -252,6 +252,10 @@ class ChunkCache:
         n = self._pinned.get(sha, 0) - 1
         if n <= 0:
             self._pinned.pop(sha, None)
+            # Let go at last: what the limit could not take while it was in use goes now
+            # (else an idle node stayed over --cache-size by a read-ahead window); its
+            # file goes with the next ``collect``.
+            self._evict()
         else:
             self._pinned[sha] = n
 
