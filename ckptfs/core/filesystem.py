@@ -288,12 +288,17 @@ class Filesystem:
         it: ESTALE reached the program), or a path step through a dentry the kernel
         kept.  It is the file's, wherever its name went (``CoreState.moved_to``), and
         the reader's inode shows it too."""
+        await self.attrs.setattr(self._where_the_name_moved(ino), **change)
+        return self.opening.live_size(await self.attrs.setattr(ino, **change))
+
+    def _where_the_name_moved(self, ino: int) -> int:
+        """The inode ``ino``'s name moved to (followed), or ESTALE where that is gone or
+        ``ino`` itself is (only a dentry the kernel kept reaches it then)."""
         moved_to = self.st.moved_to(ino)
         if moved_to is None or self.st.ns.maybe_get(ino) is None:
-            self.st.refuse_if_moved_away(ino)   # (gone: only a kept dentry reaches it)
+            self.st.refuse_if_moved_away(ino)
         assert moved_to is not None
-        await self.attrs.setattr(moved_to, **change)
-        return self.opening.live_size(await self.attrs.setattr(ino, **change))
+        return moved_to
 
     def now_at(self, ino: int) -> int:
         """``ino``, or the inode its name moved to beside readers since (followed: a
@@ -313,11 +318,7 @@ class Filesystem:
         set on the nameless inode alone, it never reached the name or the store.)"""
         if ino not in self.st.moved_away:
             return await self.attrs.setxattr(ino, name, value)
-        moved_to = self.st.moved_to(ino)
-        if moved_to is None or self.st.ns.maybe_get(ino) is None:
-            self.st.refuse_if_moved_away(ino)
-        assert moved_to is not None
-        await self.attrs.setxattr(moved_to, name, value)
+        await self.attrs.setxattr(self._where_the_name_moved(ino), name, value)
         try:
             await self.attrs.setxattr(ino, name, value)
         except FsError as exc:
