@@ -70,6 +70,16 @@ class Recovery:
                             "closed: removed", self.st._path_for_log(inode))
                 self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
             self.abandoning.restore_size(inode)
+        self._settle_unclosed_versions(closed)
+        await self.replay_journal()
+        self._publish_unjournaled(owed)
+        self._drop_idle_nameless()
+        self.st._recovered.set()
+
+    def _settle_unclosed_versions(self, closed: set[tuple[int, int]]) -> None:
+        """Every staged version that is no inode's closed version: a replaced one
+        dropped, a second name of staged bytes dropped, the rest kept under
+        ``abandoned/`` (a write the daemon died in, or a version of no inode)."""
         for ino, ver in self.st.staging.versions():
             if (ino, ver) not in closed:
                 known = self.st.ns.maybe_get(ino)
@@ -78,6 +88,14 @@ class Recovery:
                     # it): nothing reads it after a restart.  Versions only grow, so an
                     # unclosed one is never older than the closed one.
                     log.debug("staging version %d.%d, replaced: dropped", ino, ver)
+                    self.st.staging.remove(ino, ver)
+                    continue
+                if known is None and self.st.staging.has_another_name(ino, ver):
+                    # A version a fresh inode took over beside its readers
+                    # (``taken.hand_owed_version_to``) that an upload still held:
+                    # its bytes are staged under the other name.
+                    log.info("staging version %d.%d belongs to no inode and its bytes "
+                             "have another name: dropped", ino, ver)
                     self.st.staging.remove(ino, ver)
                     continue
                 kept = self.st.staging.abandon(ino, ver)
@@ -90,10 +108,6 @@ class Recovery:
                     continue
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
-        await self.replay_journal()
-        self._publish_unjournaled(owed)
-        self._drop_idle_nameless()
-        self.st._recovered.set()
 
     def _publish_unjournaled(self, owed: list[int]) -> None:
         """A closed version the store is owed whose publish no record names: a sync

@@ -256,6 +256,14 @@ class Staging:
         os.link(self.path(src_ino, src_ver), self.path(ino, ver))
         self._indexed(ino, ver, True)
 
+    def has_another_name(self, ino: int, ver: int) -> bool:
+        """Whether the staging file's bytes have a name besides this version's (a hard
+        link: ``link_from``)."""
+        try:
+            return self.path(ino, ver).stat().st_nlink > 1
+        except FileNotFoundError:
+            return False
+
     def close_fd(self, ino: int, ver: int) -> None:
         fd = self._fds.pop((ino, ver), None)
         if fd is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -47,6 +47,13 @@ async def reached(gate: Any, count: int = 1) -> None:
             await trio.sleep(0.01)
 
 
+def kill_image(state_dir: Path, image: Path) -> None:
+    """Copy ``state_dir`` to ``image``: what a daemon killed now leaves on disk.  Hard
+    links stay links (``cp -a``): ``shutil.copytree`` would make each name of a staging
+    file a file of its own, which no kill does."""
+    subprocess.run(["cp", "-a", "--", str(state_dir), str(image)], check=True)
+
+
 async def crash_image(gates: list[Any], state_dir: Path, image: Path,
                       then: Callable[[], object] = lambda: None) -> None:
     """Once a store call is held at one of ``gates``: copy ``state_dir`` to ``image``
@@ -55,7 +62,7 @@ async def crash_image(gates: list[Any], state_dir: Path, image: Path,
     with trio.fail_after(30):
         while not any(g.calls for g in gates):
             await trio.sleep(0.01)
-    shutil.copytree(state_dir, image)
+    kill_image(state_dir, image)
     then()
     for gate in gates:
         gate.release()

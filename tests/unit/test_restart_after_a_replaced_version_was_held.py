@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import pytest
 import trio
@@ -17,7 +16,7 @@ import trio
 from ckptfs.core import Config, linger
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import Core, open_core, reached
+from support.core import Core, kill_image, open_core, reached
 
 pytestmark = pytest.mark.trio
 
@@ -38,7 +37,7 @@ async def test_a_replaced_version_an_upload_held_is_no_unclosed_write(tmp_path, 
             while fs.ns.maybe_get(ino) is not None:
                 await trio.sleep(0.01)       # the replaced inode goes
         assert fs.staging.versions_of(ino), "its upload holds its staged version"
-        shutil.copytree(tmp_path / "a", tmp_path / "killed")    # the daemon dies here
+        kill_image(tmp_path / "a", tmp_path / "killed")    # the daemon dies here
         uploading.release()
         with trio.fail_after(30):
             await fs.wait_idle()

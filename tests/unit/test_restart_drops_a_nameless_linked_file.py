@@ -7,14 +7,13 @@ records and staging files stayed for good."""
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 from ckptfs.core import Config
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import Core, open_core
+from support.core import Core, kill_image, open_core
 
 pytestmark = pytest.mark.trio
 
@@ -34,7 +33,7 @@ async def test_a_nameless_linked_file_is_dropped_at_the_restart(tmp_path):
         await fs.wait_idle()
         gone = fs.ns.get(ino)
         assert not gone.names and gone.link_id
-        shutil.copytree(tmp_path / "a", tmp_path / "killed")     # the daemon dies here
+        kill_image(tmp_path / "a", tmp_path / "killed")     # the daemon dies here
         await fs.release(reader.fh)
     async with open_core(tmp_path / "killed", store, config) as fs:
         assert fs.ns.maybe_get(ino) is None, "its record stayed for good"

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import pytest
 import trio
 
-from ckptfs.core import Config
+from ckptfs.core import Config, Handle
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import MemoryStore
-from support.core import Core, open_core, reached
+from support.core import Core, kill_image, open_core, reached
 from test_save_beside_a_reader_on_its_node import NEW, OLD, save_over, step_by_name
 
 pytestmark = pytest.mark.trio
@@ -37,6 +36,18 @@ async def owed_beside_a_reader(core: Core, store: MemoryStore) -> tuple:
     old = await core.save(ROOT_INO, b"f0", OLD)
     await reached(uploading)
     return uploading, old, await core.fs.open(old, os.O_RDONLY, core.me())
+
+
+async def open_a_save_beside(core: Core, old: int, flags: int) -> tuple[int, Handle]:
+    """The next save's open of ``f0`` beside the reader of ``old``: (the inode it
+    opened -- never ``old`` -- and its handle)."""
+    handles = []
+
+    async def open_for_a_save(ino: int) -> None:
+        handles.append(await core.fs.open(ino, flags, core.me()))
+    acted = await step_by_name(core, open_for_a_save)
+    assert acted != old, "the save opened the reader's inode"
+    return acted, handles[0]
 
 
 async def test_the_save_moves_the_name_without_waiting_and_the_reader_keeps_its_version(
@@ -71,14 +82,9 @@ async def test_the_version_taken_over_lands_when_the_next_save_never_closes(tmp_
     async with open_core(tmp_path / "a", store, ASYNC) as fs:
         core = Core(fs, store)
         uploading, old, reader = await owed_beside_a_reader(core, store)
-        handles = []
-
-        async def open_for_a_save(ino: int) -> None:
-            handles.append(await fs.open(ino, os.O_WRONLY | os.O_TRUNC, core.me()))
-        acted = await step_by_name(core, open_for_a_save)
-        assert acted != old
-        await fs.write(handles[0].fh, 0, b"half of the next sa")
-        shutil.copytree(tmp_path / "a", tmp_path / "killed")    # the daemon dies here
+        _, writer = await open_a_save_beside(core, old, os.O_WRONLY | os.O_TRUNC)
+        await fs.write(writer.fh, 0, b"half of the next sa")
+        kill_image(tmp_path / "a", tmp_path / "killed")    # the daemon dies here
         await fs.release(reader.fh)
         uploading.release()
     async with open_core(tmp_path / "killed", store, ASYNC) as fs:
