@@ -392,12 +392,9 @@ class Publish:
             return False
         except BadEntry as exc:
             raise FsError(errno.EIO, f"corrupt inode object {key}: {exc}") from None
-        holder = self.st.ns.maybe_get(self.st.ns.ino_of_link_id(link_id) or 0)  # (here)
-        self.st.ns.set_link_id(inode, link_id)
-        inode.published, inode.remote_etag, inode.links_pending = True, None, False
-        self.entries._adopt_newer(inode, obj, etag)   # the compare-and-swap is on it
+        become_linked(self.st, self.entries, inode, link_id, obj, etag,
+                      self._delete_inode)
         await self.entries._put_entry(inode)
-        take_names_of(self.st, holder, inode, self._delete_inode)
         log.info("%s: another node made the name a hard link meanwhile; this save "
                  "wrote the linked file", self.st._path_for_log(inode))
         return True
@@ -439,6 +436,22 @@ class Publish:
             self.seals._release_pointers()
         self._journal_done_publish(inode.ino)
         self.st.leases.settle(inode.ino)
+
+
+@no_await
+def become_linked(st: CoreState, entries: EntryIO, inode: Inode, link_id: str,
+                  obj: Entry, etag: str, delete_inode: Callable[[Inode], None]) -> None:
+    """``inode``, saving, is the linked file ``link_id`` (its object ``obj``, at
+    ``etag``) from now on, in one step: its link id, the object's attributes (the
+    compare-and-swap of its PUT is on them), and the names of the inode that held
+    the file here.  All before the PUT: a retry of it (a lost reply, a restart)
+    publishes a linked file and never comes back to take the names."""
+    holder = st.ns.maybe_get(st.ns.ino_of_link_id(link_id) or 0)
+    with st.ns.batch():
+        st.ns.set_link_id(inode, link_id)
+        inode.published, inode.remote_etag, inode.links_pending = True, None, False
+        entries._adopt_newer(inode, obj, etag)
+        take_names_of(st, holder, inode, delete_inode)
 
 
 @no_await

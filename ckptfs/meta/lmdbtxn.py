@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,8 @@ class Transactions:
     path: Path
 
     def _init_transactions(self, reserve: RoomReserve | None = None) -> None:
-        self._txn: lmdb.Transaction | None = None     # the open ``batch``, if any
+        self._txn: lmdb.Transaction[bytes] | None = None    # the open ``batch``, if any
+        self._txn_thread = 0                          # (the thread that opened it)
         self._after_commit: list[Callable[[], None]] = []
         self._on_rollback: list[Callable[[], None]] = []
         self.reserve = reserve
@@ -54,13 +56,25 @@ class Transactions:
         return write()
 
     @contextmanager
-    def _write(self) -> Iterator[lmdb.Transaction]:
+    def _read(self) -> Iterator[lmdb.Transaction[bytes]]:
+        """A read transaction; inside a ``batch``, in the thread that opened it, the
+        batch's own, so that a read sees what the batch wrote.  (A read transaction
+        of its own sees only what is committed: a name the batch removed was still
+        found, and a name the batch added was not.)"""
+        if self._txn is not None and self._txn_thread == threading.get_ident():
+            yield self._txn
+            return
+        with self.env.begin() as txn:
+            yield txn
+
+    @contextmanager
+    def _write(self) -> Iterator[lmdb.Transaction[bytes]]:
         """A write transaction, or the open ``batch``'s."""
         with self.batch() as txn:
             yield txn
 
     @contextmanager
-    def batch(self) -> Iterator[lmdb.Transaction]:
+    def batch(self) -> Iterator[lmdb.Transaction[bytes]]:
         """Every write inside is one transaction: all or nothing.  When it fails,
         ``_rolled_back`` is told (to drop in-memory copies of what it wrote), the
         ``on_rollback`` calls made inside run (latest first) and the ``after_commit``
@@ -72,7 +86,7 @@ class Transactions:
         self._on_rollback.clear()
         try:
             with self.env.begin(write=True) as txn:
-                self._txn = txn
+                self._txn, self._txn_thread = txn, threading.get_ident()
                 try:
                     yield txn
                 finally:

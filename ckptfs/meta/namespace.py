@@ -202,7 +202,8 @@ class _NamespaceParts(Protocol):
     db_link_ids: lmdb._Database
     _cache: dict[int, Inode]
 
-    def _write(self) -> AbstractContextManager[lmdb.Transaction]: ...
+    def _read(self) -> AbstractContextManager[lmdb.Transaction[bytes]]: ...
+    def _write(self) -> AbstractContextManager[lmdb.Transaction[bytes]]: ...
     def _put_inode(self, txn: lmdb.Transaction, inode: Inode) -> None: ...
     def _index(self, inode: Inode) -> None: ...
     def _count(self, parent: int, inode: Inode, delta: int) -> None: ...
@@ -278,7 +279,7 @@ class JournalTables:
             txn.delete(_k(seq), db=self.db_journal)
 
     def journal(self: _NamespaceParts) -> list[tuple[int, dict]]:
-        with self.env.begin() as txn:
+        with self._read() as txn:
             return [(_U64.unpack(k)[0], json.loads(v))
                     for k, v in txn.cursor(db=self.db_journal)]
 
@@ -298,7 +299,7 @@ class JournalTables:
     def publish_pending(self: _NamespaceParts) -> dict[int, int]:
         """Inode -> epoch of every closed, unpublished file."""
         out = {}
-        with self.env.begin() as txn:
+        with self._read() as txn:
             for k, v in txn.cursor(db=self.db_publish):
                 try:
                     out[_U64.unpack(k)[0]] = int(bytes(v))
@@ -361,7 +362,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
             if cached is None:
                 continue
             try:
-                with self.env.begin() as txn:
+                with self._read() as txn:
                     raw = txn.get(_k(ino), db=self.db_inodes)
                 if raw is None:                 # made by the failed write: not there
                     del self._cache[ino]
@@ -394,7 +395,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
         inode = self._cache.get(ino)
         if inode is not None:
             return inode
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(_k(ino), db=self.db_inodes)
         if raw is None:
             raise FsError.enoent(f"inode {ino}")
@@ -454,7 +455,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
 
     def ino_of_link_id(self, link_id: str) -> int | None:
         """The inode this node holds for a shared inode object, if any."""
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(link_id.encode(), db=self.db_link_ids)
         return None if raw is None else _U64.unpack(raw)[0]
 
@@ -479,7 +480,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
 
     def ino_of_dir_id(self, dir_id: str) -> int | None:
         """The inode this node holds for a directory id, if any."""
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(dir_id.encode(), db=self.db_dir_ids)
         return None if raw is None else _U64.unpack(raw)[0]
 
@@ -512,7 +513,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
         self._subdirs.pop(ino, None)
 
     def all_inodes(self) -> Iterator[Inode]:
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raws = [v for _, v in txn.cursor(db=self.db_inodes)]
         for raw in raws:
             inode = Inode.decode(raw)
@@ -547,14 +548,14 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
     # ------------------------------------------------------------------ dentries
 
     def lookup(self, parent: int, name: bytes) -> int | None:
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(_k(parent) + name, db=self.db_dentries)
         return None if raw is None else _U64.unpack(raw)[0]
 
     def children(self, parent: int) -> list[tuple[bytes, int]]:
         prefix = _k(parent)
         out = []
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cur = txn.cursor(db=self.db_dentries)
             if cur.set_range(prefix):
                 for key, value in cur:
@@ -566,7 +567,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
     def next_name(self, parent: int, name: bytes) -> tuple[bytes, int] | None:
         """The entry of ``parent`` that follows ``name`` in name order, if any."""
         prefix = _k(parent)
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cur = txn.cursor(db=self.db_dentries)
             if not cur.set_range(prefix + name + b"\x00"):
                 return None
@@ -577,7 +578,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
 
     def has_children(self, parent: int) -> bool:
         prefix = _k(parent)
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cur = txn.cursor(db=self.db_dentries)
             return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
 
@@ -677,7 +678,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
 
     def known_chunks(self) -> dict[str, int | None]:
         out: dict[str, int | None] = {}
-        with self.env.begin() as txn:
+        with self._read() as txn:
             for key, value in txn.cursor(db=self.db_chunks):
                 out[bytes(key).decode()] = _chunk_generation(bytes(value))
         return out
@@ -690,7 +691,7 @@ class Namespace(TwoStepNames, JournalTables, Transactions):
     # ------------------------------------------------------------------ store identity
 
     def meta_get(self, key: str) -> str | None:
-        with self.env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(key.encode(), db=self.db_meta)
         return None if raw is None else raw.decode()
 

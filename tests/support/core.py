@@ -13,7 +13,7 @@ import errno
 import os
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +28,7 @@ from ckptfs.data.staging import Staging
 from ckptfs.meta.namespace import ROOT_INO, Namespace
 from ckptfs.meta.reserve import RoomReserve
 from ckptfs.procstat import Opener
+from ckptfs.store import MemoryStore, TransientStoreError
 from ckptfs.store.base import ObjectStore
 
 WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
@@ -66,6 +67,24 @@ async def crash_image(gates: list[Any], state_dir: Path, image: Path,
     then()
     for gate in gates:
         gate.release()
+
+
+async def die_during(store: MemoryStore, step: Callable[[], Awaitable[object]],
+                     gates: list[Any], state_dir: Path, image: Path) -> list[Any]:
+    """Run ``step`` until a store call is held at one of ``gates``: the daemon dies
+    there.  ``image`` is what it left on disk (``crash_image``), the live core's later
+    writes to the store fail from then on (a dead daemon makes none), and ``step`` is
+    cancelled.  Returns the failures' hooks: remove them once the live core is closed."""
+    dead: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(step)
+        await crash_image(gates, state_dir, image,
+                          then=lambda: dead.extend(
+                              store.fail(op, TransientStoreError("the daemon is dead"),
+                                         times=10_000)
+                              for op in ("put", "put_if_absent", "delete")))
+        nursery.cancel_scope.cancel()
+    return dead
 
 
 @asynccontextmanager

@@ -13,8 +13,8 @@ import trio
 from ckptfs.core import Config
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
-from ckptfs.store import MemoryStore, TransientStoreError
-from support.core import Core, crash_image, open_core
+from ckptfs.store import MemoryStore
+from support.core import Core, die_during, open_core
 
 pytestmark = pytest.mark.trio
 
@@ -33,18 +33,11 @@ async def test_a_daemon_killed_during_a_sync_close_publishes_it_at_the_next_star
             await core.save(ROOT_INO, b"f", OLD)
         prefix = "chunks/" if gated == "chunk" else "dirs/"
         gates = [store.gate(op, prefix=prefix) for op in ("put", "put_if_absent")]
-        dead: list = []
-        async with trio.open_nursery() as nursery:
-            async def close() -> None:
-                with pytest.raises(FsError):    # the daemon is gone: no answer
-                    await core.save(ROOT_INO, b"f", NEW)
-            nursery.start_soon(close)
-            await crash_image(gates, tmp_path / "a", tmp_path / "killed",
-                              then=lambda: dead.extend(
-                                  store.fail(op, TransientStoreError("the daemon is dead"),
-                                             times=10_000)
-                                  for op in ("put", "put_if_absent", "delete")))
-            nursery.cancel_scope.cancel()
+
+        async def close() -> None:
+            with pytest.raises(FsError):    # the daemon is gone: no answer
+                await core.save(ROOT_INO, b"f", NEW)
+        dead = await die_during(store, close, gates, tmp_path / "a", tmp_path / "killed")
     for hook in dead:
         hook.remove()
     async with open_core(tmp_path / "killed", store, config) as fs:

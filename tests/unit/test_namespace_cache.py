@@ -15,6 +15,33 @@ from ckptfs.data.cache import ChunkCache
 from ckptfs.store import CountingStore, LocalStore, StoreStats
 
 
+def test_reads_inside_a_batch_see_its_writes_and_other_threads_see_only_commits(tmp_path):
+    """A lookup, listing or link-id read inside a ``batch`` reads through the batch's
+    transaction: a read transaction of its own saw only what was committed, so a name
+    the batch had just removed was still found (``take_names_of`` then never gave it
+    back: test_a_save_through_a_link_keeps_the_holders_names.py).  Another thread's
+    read meanwhile sees the last commit, as before."""
+    import threading
+    ns = Namespace(tmp_path / "meta")
+    f = ns.new_inode(ROOT_INO, b"f", "file", 0o644, 0, 0)
+    g = ns.new_inode(ROOT_INO, b"g", "file", 0o644, 0, 0, link_id="c" * 32)
+    seen_elsewhere: list = []
+    with ns.batch():
+        ns.unlink(f)
+        ns.add_name(g, ROOT_INO, b"h")
+        assert ns.lookup(ROOT_INO, b"f") is None
+        assert ns.lookup(ROOT_INO, b"h") == g.ino
+        assert sorted(name for name, _ in ns.children(ROOT_INO)) == [b"g", b"h"]
+        assert ns.ino_of_link_id("c" * 32) == g.ino
+        other = threading.Thread(target=lambda: seen_elsewhere.append(
+            (ns.lookup(ROOT_INO, b"f"), ns.lookup(ROOT_INO, b"h"))))
+        other.start()
+        other.join()
+    assert seen_elsewhere == [(f.ino, None)]
+    assert (ns.lookup(ROOT_INO, b"f"), ns.lookup(ROOT_INO, b"h")) == (None, g.ino)
+    ns.close()
+
+
 def test_namespace_persists_inodes_dentries_and_journal(tmp_path):
     ns = Namespace(tmp_path / "meta")
     d = ns.new_inode(ROOT_INO, b"dir", "dir", 0o755, 0, 0, dir_id="a" * 32, published=True)
