@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import trio
 
@@ -227,7 +227,7 @@ class HeldLeases:
                for h in self.held.values() if h.acquired or h.broken or h.files}
         self.ns.meta_put(_META_HELD, json.dumps(doc))
 
-    def restore(self) -> None:
+    def restore(self, cut_off: Collection[int]) -> None:
         """The held half of ``LeaseManager.restore``."""
         held_doc = json.loads(self.ns.meta_get(_META_HELD) or "{}")
         for key, rec in held_doc.items():
@@ -240,7 +240,7 @@ class HeldLeases:
                 inode = self.ns.maybe_get(ino)
                 if inode is None or not inode.parent:
                     continue
-                if inode.max_ver > inode.ver or (inode.dirty and not self._queued(ino)):
+                if ino in cut_off or (inode.dirty and not self._queued(ino)):
                     held.broken.add(self._relpath(inode, d.ino))
                 elif inode.dirty:
                     held.files.add(ino)

@@ -391,8 +391,16 @@ class Filesystem:
     def is_writing(self, ino: int) -> bool:
         return self.status.is_writing(ino)
 
+    def restore_leases(self) -> None:
+        """After ``start``: the previous run's seal leases and pending seals, each
+        lease broken where recovery found its file's writer cut off."""
+        self.st.leases.restore(self.st.cut_off)
+
     def state_of(self, ino: int) -> str:
-        return self.status.state_of(ino)
+        """(Of the file the name moved to, as ``now_at``: through a reader's descriptor
+        after a save beside it moved the name, the reader's inode owes nothing -- its
+        version is the moved file's to publish.)"""
+        return self.status.state_of(self.now_at(ino))
 
     def stats(self) -> dict:
         return self.status.stats()

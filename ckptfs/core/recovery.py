@@ -106,6 +106,7 @@ class Recovery:
                              "removed while a reader or an upload held it): kept at %s",
                              ino, ver, kept)
                     continue
+                self.st.cut_off.add(ino)
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
 

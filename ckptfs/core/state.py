@@ -243,8 +243,7 @@ class CoreState:
     leases: LeaseManager
 
     def __init__(self, ns: Namespace, store: GuardedStore, staging: Staging,
-                 cache: ChunkCache,
-                 config: Config, nursery: trio.Nursery,
+                 cache: ChunkCache, config: Config, nursery: trio.Nursery,
                  invalidate: Callable[[int], None],
                  invalidate_entry: Callable[[int, bytes], Awaitable[None]] | None,
                  check_complete: CompletenessCheck | None,
@@ -301,6 +300,7 @@ class CoreState:
         # dentry the kernel kept, a step on one answers ESTALE and the kernel looks the
         # name up again; an attribute change goes to the fresh one (``moved_to``).
         self.moved_away: OrderedDict[int, int] = OrderedDict()
+        self.cut_off: set[int] = set()     # writers the last stop cut off (recovery.py)
         self.meta_limiter = trio.CapacityLimiter(16)
 
     # ------------------------------------------------------------------ helpers

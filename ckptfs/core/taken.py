@@ -101,7 +101,9 @@ def hand_owed_version_to(st: CoreState, old: Inode, fresh: Inode) -> None:
     st.staging.link_from(old.ino, old.ver, fresh.ino, ver)
     st.ns.on_rollback(lambda: st.staging.remove(fresh.ino, ver))
     fresh.max_ver, fresh.ver, fresh.dirty, fresh.local_copy = ver, ver, True, True
-    fresh.size, fresh.closed_mtime_ns = old.size, closed_mtime(old)
+    # (no session here: the closed version's mtime is the file's; a field that says
+    #  "a session is open" would keep a later utime from the store and the restart)
+    fresh.size, fresh.mtime_ns, fresh.closed_mtime_ns = old.size, closed_mtime(old), None
     fresh.attrs_unsent = list(old.attrs_unsent)     # (they ride with the publish)
     st.ns.save(fresh)
     old.dirty, old.attrs_unsent = False, []         # (its staging file: its readers')

@@ -540,7 +540,7 @@ class Daemon:
                     await nursery.start(spares.run)
                     await nursery.start(fs.run)
                     await fs.start()
-                    fs.leases.restore()
+                    fs.restore_leases()
                     await nursery.start(fs.leases.run)
                     nursery.start_soon(self.stale.run)
                     await nursery.start(ControlServer(self, control_path).serve)
