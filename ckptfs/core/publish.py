@@ -468,6 +468,15 @@ def take_names_of(st: CoreState, holder: Inode | None, inode: Inode,
             holder.dirty or st._writers(holder.ino) or holder.ino in st.queue.queued:
         return
     names = list(holder.names)
+
+    def let_go() -> None:       # (once committed: a failed batch must leave all as it was)
+        st.invalidate(holder.ino)
+        st.invalidate(inode.ino)
+        if not st._is_open(holder.ino):
+            delete_inode(holder)
+        if st.invalidate_entry is not None:
+            for parent, name in names:
+                st.nursery.start_soon(st.invalidate_entry, parent, name)
     with st.ns.batch():
         st.ns.unlink(holder, all_names=True)
         holder.link_id, holder.remote_nlink = None, 0
@@ -475,10 +484,4 @@ def take_names_of(st: CoreState, holder: Inode | None, inode: Inode,
         for parent, name in names:
             if st.ns.lookup(parent, name) is None:
                 st.ns.add_name(inode, parent, name)
-    st.invalidate(holder.ino)
-    st.invalidate(inode.ino)
-    if not st._is_open(holder.ino):
-        delete_inode(holder)
-    if st.invalidate_entry is not None:
-        for parent, name in names:
-            st.nursery.start_soon(st.invalidate_entry, parent, name)
+        st.ns.after_commit(let_go)

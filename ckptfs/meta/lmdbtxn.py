@@ -106,10 +106,16 @@ class Transactions:
         self._committed()
         self._on_rollback.clear()
         calls, self._after_commit = self._after_commit, []
-        for call in calls:
-            call()
+        failed: Exception | None = None
+        for call in calls:      # each runs, whatever an earlier one raised: all is committed
+            try:
+                call()
+            except Exception as exc:
+                failed = failed or exc
         if self._reserve_out and self.reserve is not None and self.reserve.arm():
             self._reserve_out = False     # (``arm`` never raises)
+        if failed is not None:
+            raise failed
 
     def commits(self) -> int:
         """LMDB's last committed transaction id: grows with every commit, whichever

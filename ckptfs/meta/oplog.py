@@ -79,6 +79,9 @@ class MetaLog:
         raw = ns.meta_get(ALIASES_KEY)
         self.aliases: dict[str, str] = json.loads(raw) if raw else {}
         self._changed = trio.Event()
+        # The newest record added in the open namespace batch, not in ``pending`` until
+        # that commits: a publish journaled after it in the same batch follows it.
+        self._added_uncommitted = 0
         for seq, record in ns.journal():
             if record.get("op") == "meta":
                 self.pending[seq] = record
@@ -91,9 +94,15 @@ class MetaLog:
         seq = self.ns.journal_add(record)
 
         def pending() -> None:      # once on disk (a namespace batch may still fail)
+            self._added_uncommitted = 0
             self.pending[seq] = record
             self.busy.update(record["dirs"])
             self._wake()
+
+        def rolled_back() -> None:
+            self._added_uncommitted = 0
+        self._added_uncommitted = seq
+        self.ns.on_rollback(rolled_back)
         self.ns.after_commit(pending)
         return seq
 
@@ -104,7 +113,11 @@ class MetaLog:
     # ------------------------------------------------------------------ questions
 
     def epoch(self) -> int:
-        """The epoch of a publish closed now: the newest pending record, or 0."""
+        """The epoch of a publish closed now: the newest pending record -- one added
+        in the open batch too (a rename's record, then the publish of the version the
+        renamed file took: in log order) -- or 0."""
+        if self._added_uncommitted:
+            return self._added_uncommitted
         return next(reversed(self.pending)) if self.pending else 0
 
     def done_through(self, epoch: int) -> bool:

@@ -42,6 +42,27 @@ def test_reads_inside_a_batch_see_its_writes_and_other_threads_see_only_commits(
     ns.close()
 
 
+def test_every_call_after_a_commit_runs_though_one_raises(tmp_path):
+    """What a batch promised for after its commit all runs: one call that fails (a
+    write of its own on a full disk) no longer skips the calls after it (a publish
+    submitted to the queue, a record made pending); its error still reaches the
+    caller."""
+    ns = Namespace(tmp_path / "meta")
+    ran: list[str] = []
+
+    def fails() -> None:
+        ran.append("first")
+        raise FsError(28, "no room")
+    with pytest.raises(FsError):
+        with ns.batch():
+            ns.new_inode(ROOT_INO, b"f", "file", 0o644, 0, 0)
+            ns.after_commit(fails)
+            ns.after_commit(lambda: ran.append("second"))
+    assert ran == ["first", "second"]
+    assert ns.lookup(ROOT_INO, b"f") is not None, "the batch itself committed"
+    ns.close()
+
+
 def test_namespace_persists_inodes_dentries_and_journal(tmp_path):
     ns = Namespace(tmp_path / "meta")
     d = ns.new_inode(ROOT_INO, b"dir", "dir", 0o755, 0, 0, dir_id="a" * 32, published=True)
