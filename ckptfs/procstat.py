@@ -311,6 +311,25 @@ def device_of_mount(mount_path: bytes) -> bytes | None:
     return fields[2] if fields is not None else None
 
 
+def locked_in_kernel(device: bytes, ino: int, locks: bytes | None = None) -> bool:
+    """Does any process hold (or wait for) a ``flock`` or POSIX lock on inode ``ino`` of
+    the mount ``device`` (``major:minor`` as mountinfo gives it, decimal)?  The kernel
+    keeps the locks of a FUSE file system that takes no lock requests itself, per
+    kernel inode; ``/proc/locks`` lists them as ``MAJ:MIN:INO`` (hex, hex, decimal).
+    Only locks of processes this process's pid namespace can see are listed.  ``locks``:
+    the file's text (tests)."""
+    if locks is None:
+        locks = _read_proc("/proc/locks")
+        if locks is None:
+            return False
+    try:
+        major, minor = (int(part) for part in device.split(b":"))
+    except ValueError:
+        return False
+    want = b"%02x:%02x:%d" % (major, minor, ino)
+    return any(want in line.split() for line in locks.splitlines())
+
+
 def fstype_of_mount(mount_path: bytes) -> str | None:
     """The file system type (``fuse.ckptfs``, ``ext4``, ...) of the mount on top at
     ``mount_path`` in this process's namespace, from ``/proc/self/mountinfo``; None if

@@ -8,7 +8,8 @@ it got ESTALE back whenever a second replace came within that retry (an async mo
 writer: 20 in 17 032 opens; four writers: 247 in 11 827).  Now the replaced inode lingers
 ``REPLACED_LINGER`` seconds: an open of it for reading gets the version it had -- the
 order "open, then rename" that the lookup already took -- and it goes once nobody has it
-open (the last release of a nameless inode deletes it, ``release.py``).  A writer still
+open (the last release of a nameless inode deletes it, ``release.py``, once the
+linger is over).  A writer still
 gets ESTALE, and so the file the name has now.
 
 Knows the namespace and which inodes are open; nothing of the store, FUSE or the log.
@@ -32,13 +33,21 @@ REPLACED_LINGER = 2.0
 def linger_then_delete(st: CoreState, inode: Inode,
                        delete_inode: Callable[[Inode], None]) -> None:
     """``inode`` lost its last name to a rename and nobody has it open: it goes after
-    ``REPLACED_LINGER`` seconds, unless opened meanwhile (then with its last release)."""
+    ``REPLACED_LINGER`` seconds, or with its last release after that if it is open
+    then.  Not at the last release of a reader that opened it meanwhile: an open that
+    resolved the name before the rename may still be on its way (four writers
+    replacing one name beside two readers on a loaded node: a reader's open met the
+    inode gone, and its retry the next one, ESTALE)."""
+    st.lingering.add(inode.ino)
     st.nursery.start_soon(_delete_after_linger, st, inode.ino, delete_inode)
 
 
 async def _delete_after_linger(st: CoreState, ino: int,
                                delete_inode: Callable[[Inode], None]) -> None:
-    await trio.sleep(REPLACED_LINGER)
+    try:
+        await trio.sleep(REPLACED_LINGER)
+    finally:
+        st.lingering.discard(ino)
     inode = st.ns.maybe_get(ino)
     if inode is not None and not inode.parent and not st._is_open(ino):
         delete_inode(inode)

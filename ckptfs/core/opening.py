@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 PASSTHROUGH_DRAIN = 2.0
 PASSTHROUGH_DRAIN_POLL = 0.005
 MOVED_AWAY_KEPT = 1024
+# An open of a moved-away inode again by the same task within this long after its
+# ESTALE is a descriptor's magic link, not a path walk (``_refuse_moved_away``).
+REOPEN_WINDOW = 1.0
 # How long after a writer's step moved a name to a fresh inode (``leave_readers_their_
 # inode``) the kernel's retry of that step may take to reach it.
 WRITER_RETRY_WINDOW = 1.0
@@ -57,6 +60,7 @@ class Opening:
         # Files whose writer went on in place beside readers (``leave_readers_their_
         # inode``), and when.
         self._went_on_in_place: OrderedDict[int, float] = OrderedDict()
+        self._refused_moved: OrderedDict[tuple[int, int], float] = OrderedDict()
 
     def _new_handle(self, inode: Inode, opener: Opener, writable: bool) -> Handle:
         handle = Handle(fh=self._next_fh, ino=inode.ino, opener=opener, writable=writable)
@@ -78,8 +82,8 @@ class Opening:
     async def open(self, ino: int, flags: int, opener: Opener) -> Handle:
         """A new handle, with the page-cache flags the kernel gets for it
         (``keep_cache``, ``direct_io``) decided: the FUSE adapter needs no second call."""
-        self.st.refuse_if_moved_away(ino)   # a dentry the kernel kept: ESTALE
         writable = flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+        _refuse_moved_away(self.st, self._refused_moved, ino, writable, opener)
         self._refuse_if_replaced(ino, writable or bool(flags & os.O_TRUNC))
         await self.wait_for_passthrough_readers(ino, writable)
         if writable:
@@ -167,8 +171,8 @@ class Opening:
         remembered, so that its retry gets through (a reader's needs no pass, and one
         left unspent let the next writer in beside readers)."""
         inode = self.st.ns.maybe_get(ino)
-        if inode is None or not inode.names:
-            return False
+        if inode is None or not inode.names or self.st.locked_in_kernel(ino):
+            return False            # (a lock would stay behind on the old inode)
         at = inode.names[0]
         if not self._fresh_inode_for_name(ino, owed_ok=True):
             return False
@@ -211,6 +215,12 @@ class Opening:
         ``tail -f`` would wait at every open while its uploads lag)."""
         just_moved = self._just_moved_for_a_writer(ino)    # (spent here, readers or not)
         if not self._read_by_its_readers(ino) or just_moved:
+            return
+        if self.st.locked_in_kernel(ino):
+            # Locks on the readers' inode are how its users take turns: the name stays
+            # on it, and the save goes on in place at once, as on a disk.
+            log.info("inode %d: saved over in place beside a reader here: a process "
+                     "holds a lock on it", ino)
             return
         if self._move_for_a_writer(ino):
             self.st.refuse_if_moved_away(ino)       # ESTALE
@@ -429,6 +439,28 @@ class Opening:
 
     def keep_cache(self, handle: Handle) -> bool:
         return handle.keep_cache
+
+
+def _refuse_moved_away(st: CoreState, refused: OrderedDict[tuple[int, int], float],
+                       ino: int, writable: bool, opener: Opener) -> None:
+    """ESTALE for an open of an inode whose name moved to a fresh one: the kernel
+    reached it through a dentry it kept, and its retry (LOOKUP_REVAL) finds the fresh
+    one.  But the same task opening it again for reading right after is no path walk:
+    a descriptor's magic link (``/proc/self/fd/N``, ``/dev/stdin``) leads to this
+    inode every time, and a disk opens the file it names -- so that open reads the
+    version that descriptor holds (it answered ESTALE for good before)."""
+    if ino not in st.moved_away:
+        return
+    if writable:
+        st.refuse_if_moved_away(ino)
+    key = (ino, opener.tid)
+    again = refused.pop(key, None)
+    if again is not None and time.monotonic() - again < REOPEN_WINDOW:
+        return
+    refused[key] = time.monotonic()
+    while len(refused) > MOVED_AWAY_KEPT:
+        refused.popitem(last=False)
+    st.refuse_if_moved_away(ino)
 
 
 def _may_move(st: CoreState, inode: Inode, held_here: bool, owed_ok: bool) -> bool:

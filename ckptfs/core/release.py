@@ -56,7 +56,8 @@ class Release:
             self._written_after_close(handle.session, rt, inode)
         if not rt.handles and inode is not None:
             if not inode.parent:
-                self.publisher._delete_inode(inode)
+                if inode.ino not in self.st.lingering:   # (else: at the linger's end)
+                    self.publisher._delete_inode(inode)
             elif handle.wrote:    # closed but not yet published (the publish failed?)
                 self.publisher.keep_trying(inode.ino)
         self.st._drop_rt(handle.ino)

@@ -23,7 +23,7 @@ from ..errors import FsError
 from ..format.remote import allocated_bytes
 from ..meta.journalsync import JournalSync
 from ..meta.namespace import Inode, Namespace
-from ..procstat import MountTables, Opener, died_unclean
+from ..procstat import MountTables, Opener, died_unclean, locked_in_kernel
 from ..format.profiles import Profiles
 from ..data.upload import ChunkTracker
 from .chunkmap import ChunkMap
@@ -287,9 +287,9 @@ class CoreState:
         self.runtime: dict[int, Runtime] = {}
         self.dir_marks = DirMarks()                  # refresh's change and busy marks
         self._held_pointers: dict[int, set[int]] = {}   # pointer inode -> staged targets
-        # Inodes whose close decision waits to be made at their last release
-        # (``Publish._decide_at_release``): unfinished work for ``ckptfs wait``.
+        # Close decisions made at a last release (unfinished work for ``ckptfs wait``).
         self.closing_at_release: set[int] = set()
+        self.lingering: set[int] = set()    # replaced files kept a moment (linger.py)
         # Staged directories this node lists before the store has their seal (async,
         # ``Seal._show_here_if_clear``); not saved: after a restart, once it has it.
         self.sealed_here: set[int] = set()
@@ -332,6 +332,13 @@ class CoreState:
                 return ino if inode is not None and inode.names else None
             ino = self.moved_away[ino]
         return None
+
+    def locked_in_kernel(self, ino: int) -> bool:
+        """Does a process hold a ``flock`` or POSIX lock on ``ino``?  The kernel keeps
+        them per inode (this daemon takes no lock requests): on a fresh inode for the
+        name they would stop excluding the name's next openers."""
+        return self.mount_device is not None and \
+            locked_in_kernel(self.mount_device, ino)
 
     def refuse_if_moved_away(self, ino: int) -> None:
         """ESTALE for a step on an inode whose name moved to a fresh one (``moved_away``):

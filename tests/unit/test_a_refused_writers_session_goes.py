@@ -15,7 +15,7 @@ import os
 import pytest
 import trio
 
-from ckptfs.core import Config
+from ckptfs.core import Config, linger
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from support.core import reached, two_cores
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.trio
 OLD = b"the version another node saved " * 3000
 
 
-async def test_a_session_refused_at_the_open_leaves_nothing_behind(tmp_path):
+async def test_a_session_refused_at_the_open_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(linger, "REPLACED_LINGER", 0.2)
     store = MemoryStore()
     async with two_cores(tmp_path, store, Config(durability="sync")) as (a, b):
         await b.save(ROOT_INO, b"f0", OLD)
@@ -52,5 +53,6 @@ async def test_a_session_refused_at_the_open_leaves_nothing_behind(tmp_path):
         assert a.fs.getattr(ino).size == len(OLD), "the reader's file shows its size cut"
         assert await a.fs.read(reader.fh, 0, len(OLD) + 1) == OLD
         await a.fs.release(reader.fh)
+        await trio.sleep(0.5)                   # (past the replaced file's linger)
         assert a.fs.ns.maybe_get(ino) is None
         assert not a.fs.staging.versions_of(ino), "its staging file stayed"

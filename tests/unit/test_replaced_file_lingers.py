@@ -97,3 +97,24 @@ async def test_a_replaced_file_left_at_a_stop_goes_at_the_next_start(tmp_path,
         assert not fs.staging.versions_of(old)
         restarted = Core(fs, store)
         assert await restarted.load(await restarted.resolve("latest.pt")) == NEW
+
+
+async def test_a_reader_that_opened_it_does_not_cut_the_linger_short(tmp_path,
+                                                                       short_linger: float):
+    """A reader opens the replaced file and lets it go within the linger: the next
+    open that resolved the name before the rename still finds it.  It went with that
+    first reader's release, and such an open met ESTALE -- twice, when the name was
+    replaced again within the kernel's retry (CI, stop 50: four writers replacing one
+    name beside two readers on a loaded node)."""
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store, Config(durability="async")) as fs:
+        core = Core(fs, store)
+        old = await replaced(core)
+        first = await fs.open(old, os.O_RDONLY, core.me())
+        await fs.release(first.fh)
+        late = await fs.open(old, os.O_RDONLY, core.me())    # (resolved before too)
+        assert await fs.read(late.fh, 0, len(OLD) + 10) == OLD
+        await fs.release(late.fh)
+        await trio.sleep(short_linger * 2)
+        assert fs.ns.maybe_get(old) is None, "kept after the linger"
+        assert not fs.staging.versions_of(old)
