@@ -229,7 +229,10 @@ class MetaLog:
         """Change a pending record (a conflict renamed what it creates), in the journal
         too, before it is tried again."""
         self.ns.journal_put(seq, record)
+        before = self.pending.get(seq)
         self.pending[seq] = record
+        if before is not None:      # (in a batch that fails, the journal keeps it too)
+            self.ns.on_rollback(lambda: self.pending.__setitem__(seq, before))
 
     def _finish(self, seq: int) -> None:
         record = self.pending.pop(seq)

@@ -89,3 +89,30 @@ def test_pending_records_survive_a_restart_and_aliases_resolve(tmp_path):
         assert seen == ["mkdir", "move"] and ns.journal() == []
 
     trio.run(second)
+
+
+def test_a_record_changed_in_a_batch_that_fails_is_as_before(tmp_path):
+    """``update`` (a conflict renamed what a record creates) inside a batch that then
+    fails: the journal keeps the record as it was, and so does the log in memory --
+    it kept the change, so its retry would have acted on a name this node never took
+    (found by a review, stop 50).  Epochs of records added in that batch go too."""
+    ns = Namespace(tmp_path / "meta")
+
+    async def main() -> None:
+        log = MetaLog(ns)
+        seq = log.add({"kind": "mkdir", "name": "61"}, dirs=[7])
+        before = log.epoch()
+        try:
+            with ns.batch():
+                log.update(seq, {"kind": "mkdir", "name": "62", "dirs": [7]})
+                log.add({"kind": "move", "name": "63"}, dirs=[7])
+                assert log.epoch() > before
+                raise OSError("the state dir is full")
+        except OSError:
+            pass
+        assert log.pending[seq]["name"] == "61"
+        assert [r["name"] for _, r in ns.journal()] == ["61"]
+        assert log.epoch() == before
+
+    trio.run(main)
+    ns.close()
