@@ -27,7 +27,7 @@ bytes, of FUSE, or of how a directory is sealed (the filesystem passes ``seal`` 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
@@ -159,14 +159,15 @@ class LeaseManager:
 
     # ------------------------------------------------------------------ lifetime
 
-    def restore(self, cut_off: Collection[int] = ()) -> None:
+    def restore(self, cut_off: Mapping[int, bytes] | None = None) -> None:
         """After the journal replay: take back the leases and pending seals of the
         previous run.  A file that was being written when the daemon died (``cut_off``:
-        recovery found its working version unclosed) is lost: its lease is broken.
+        recovery found its working version unclosed, or removed a new file never
+        closed; with its path then) is lost: its lease is broken.
         Closed files waiting for upload keep the lease until they are published.  (A
         version number past the closed one is no sign of that: a session that ended
         with nothing written leaves one.)"""
-        self.holding.restore(cut_off)
+        self.holding.restore(cut_off or {})
         self.seals.restore()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -97,6 +97,12 @@ class HeldLeases:
             parts.append(cur.name.decode("utf-8", "surrogateescape"))
             cur = self.ns.maybe_get(cur.parent)
         return "/".join(reversed(parts)) or f"<inode {inode.ino}>"
+
+    def _below(self, path: bytes, dir_ino: int) -> str:
+        """``path`` (from the mount's root) relative to the directory ``dir_ino``."""
+        top = self.ns.path_of(dir_ino).rstrip(b"/") + b"/"
+        rel = path[len(top):] if path.startswith(top) else path
+        return rel.decode("utf-8", "surrogateescape")
 
     def _busy(self, ino: int) -> bool:
         inode = self.ns.maybe_get(ino)
@@ -227,7 +233,7 @@ class HeldLeases:
                for h in self.held.values() if h.acquired or h.broken or h.files}
         self.ns.meta_put(_META_HELD, json.dumps(doc))
 
-    def restore(self, cut_off: Collection[int]) -> None:
+    def restore(self, cut_off: Mapping[int, bytes]) -> None:
         """The held half of ``LeaseManager.restore``."""
         held_doc = json.loads(self.ns.meta_get(_META_HELD) or "{}")
         for key, rec in held_doc.items():
@@ -239,6 +245,8 @@ class HeldLeases:
             for ino in rec.get("files", ()):
                 inode = self.ns.maybe_get(ino)
                 if inode is None or not inode.parent:
+                    if ino in cut_off:      # a new file never closed: recovery removed it
+                        held.broken.add(self._below(cut_off[ino], d.ino))
                     continue
                 if ino in cut_off or (inode.dirty and not self._queued(ino)):
                     held.broken.add(self._relpath(inode, d.ino))

@@ -122,23 +122,6 @@ class Opening:
         if inode is None or (not inode.parent and (writes or inode.type != "file")):
             raise FsError(errno.ESTALE, "replaced or removed: the name is looked up again")
 
-    def _lingering_passthrough(self, ino: int, writable: bool) -> bool:
-        """Passthrough handles of a closed version are open (readers that joined a save
-        through the kernel, or its writer's release not yet here) and this open would not
-        share their backing file: a writer of a new version, or a reader of any other
-        version (a later save of this node or another node's, or the store's chunks once
-        the staging file went)."""
-        rt = self.st.runtime.get(ino)
-        if rt is None or rt.passthrough <= 0:
-            return False
-        if rt.session is not None:
-            return rt.session.ver != rt.passthrough_ver
-        if writable:
-            return True
-        inode = self.st.ns.maybe_get(ino)     # (``CoreState.version_of``, unbuilt)
-        return inode is not None and not (
-            (inode.dirty or inode.local_copy) and inode.ver == rt.passthrough_ver)
-
     async def wait_for_passthrough_readers(self, ino: int, writable: bool) -> None:
         """An open of ``ino`` while the kernel still reads it through a closed version's
         staging file, for another version: answered with the daemon's path, the kernel
@@ -147,15 +130,17 @@ class Opening:
         again and opens the fresh one (``_fresh_inode_for_name``).  Until then it waits
         for those handles to go or the upload to land (PASSTHROUGH_DRAIN), then is refused
         with EBUSY."""
-        if not self._lingering_passthrough(ino, writable):
+        if not _lingering_passthrough(self.st, ino, writable):
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
-            while self._lingering_passthrough(ino, writable):
-                # (moved by this open, or by another one waiting beside it)
-                self._move_for_a_writer(ino, writes=writable)
+            while _lingering_passthrough(self.st, ino, writable):
+                # (moved by this open, or by another one waiting beside it; a locked
+                #  file too: the kernel reads the version before through its backing
+                #  file, and nothing else can open it but in a fresh inode)
+                self._move_for_a_writer(ino, writes=writable, despite_locks=True)
                 self.st.refuse_if_moved_away(ino)
                 await trio.sleep(PASSTHROUGH_DRAIN_POLL)
-        if self._lingering_passthrough(ino, writable):
+        if _lingering_passthrough(self.st, ino, writable):
             inode = self.st.ns.maybe_get(ino)
             where = self.st._path_for_log(inode) if inode is not None else f"inode {ino}"
             log.warning("%s: open for %s refused (EBUSY): a reader still reads the "
@@ -165,16 +150,18 @@ class Opening:
             raise FsError(errno.EBUSY, "a passthrough reader holds the previous version")
 
     @no_await
-    def _move_for_a_writer(self, ino: int, writes: bool = True) -> bool:
+    def _move_for_a_writer(self, ino: int, writes: bool = True,
+                           despite_locks: bool = False) -> bool:
         """``_fresh_inode_for_name`` for an open's step (a writer's, unless not
         ``writes``), which the kernel then does again on the fresh inode: a writer's is
         remembered, so that its retry gets through (a reader's needs no pass, and one
-        left unspent let the next writer in beside readers)."""
+        left unspent let the next writer in beside readers).  Not for a locked file
+        (a lock would stay behind on the old inode), unless ``despite_locks``."""
         inode = self.st.ns.maybe_get(ino)
-        if inode is None or not inode.names or self.st.locked_in_kernel(ino):
-            return False            # (a lock would stay behind on the old inode)
+        if inode is None or not inode.names:
+            return False
         at = inode.names[0]
-        if not self._fresh_inode_for_name(ino, owed_ok=True):
+        if not self._fresh_inode_for_name(ino, owed_ok=True, despite_locks=despite_locks):
             return False
         fresh = self.st.ns.lookup(*at)
         if fresh is not None and writes:
@@ -218,7 +205,10 @@ class Opening:
             return
         if self.st.locked_in_kernel(ino):
             # Locks on the readers' inode are how its users take turns: the name stays
-            # on it, and the save goes on in place at once, as on a disk.
+            # on it, and the save goes on in place at once -- and its readers read the
+            # file as it is from now on, as on a disk (a reader's version, kept, was
+            # cut at the save's size: torn).
+            _readers_follow_the_file(self.st, ino)
             log.info("inode %d: saved over in place beside a reader here: a process "
                      "holds a lock on it", ino)
             return
@@ -243,7 +233,7 @@ class Opening:
 
     @no_await
     def _fresh_inode_for_name(self, ino: int, held_here: bool = False,
-                              owed_ok: bool = False) -> bool:
+                              owed_ok: bool = False, despite_locks: bool = False) -> bool:
         """Give the names of ``ino`` a fresh inode showing the same saved version (the
         store changes nothing: its entries are the fresh inode's now -- a hard-linked
         file's names all move, still one linked file); the old inode lives on,
@@ -256,9 +246,15 @@ class Opening:
         theirs.  ``held_here``: the caller holds the inode's lock, in a step of its own
         (its unsent attributes are the step's: it is repeated on the fresh inode).
         ``owed_ok``: a closed version still owed to the store moves too, its publish
-        with it (a writer's step: ``taken.hand_owed_version_to``)."""
+        with it (a writer's step: ``taken.hand_owed_version_to``).  A file a process
+        holds a lock on stays (the lock would stay behind on the old inode, excluding
+        nobody who opens the name next) and its readers follow it, as on a disk --
+        unless ``despite_locks`` (nothing else can open it)."""
         inode = self.st.ns.maybe_get(ino)
         if inode is None or not _may_move(self.st, inode, held_here, owed_ok):
+            return False
+        if not despite_locks and self.st.locked_in_kernel(ino):
+            _readers_follow_the_file(self.st, ino)
             return False
         owed = inode.dirty
         (parent, name), others = inode.names[0], inode.names[1:]
@@ -439,6 +435,40 @@ class Opening:
 
     def keep_cache(self, handle: Handle) -> bool:
         return handle.keep_cache
+
+
+@no_await
+def _readers_follow_the_file(st: CoreState, ino: int) -> None:
+    """The reading handles of ``ino`` read the file as it is (``live``) from now on,
+    instead of the version each opened: a save goes on in place beside them."""
+    rt = st.runtime.get(ino)
+    if rt is None:
+        return
+    for handle in filter(None, map(st.handles.get, list(rt.handles))):
+        if handle.writable or handle.snapshot[0] == "live" or handle.passthrough:
+            continue
+        if handle.snapshot[0] == "staging":
+            st._unref(ino, rt, handle.snapshot[1])
+        handle.snapshot = ("live",)
+    st.invalidate(ino)             # (their cached pages: the version before)
+
+
+def _lingering_passthrough(st: CoreState, ino: int, writable: bool) -> bool:
+    """Passthrough handles of a closed version are open (readers that joined a save
+    through the kernel, or its writer's release not yet here) and this open would not
+    share their backing file: a writer of a new version, or a reader of any other
+    version (a later save of this node or another node's, or the store's chunks once
+    the staging file went)."""
+    rt = st.runtime.get(ino)
+    if rt is None or rt.passthrough <= 0:
+        return False
+    if rt.session is not None:
+        return rt.session.ver != rt.passthrough_ver
+    if writable:
+        return True
+    inode = st.ns.maybe_get(ino)     # (``CoreState.version_of``, unbuilt)
+    return inode is not None and not (
+        (inode.dirty or inode.local_copy) and inode.ver == rt.passthrough_ver)
 
 
 def _refuse_moved_away(st: CoreState, refused: OrderedDict[tuple[int, int], float],

@@ -68,6 +68,7 @@ class Recovery:
             if not inode.published and inode.parent:
                 log.warning("%s was open for writing when the daemon stopped and never "
                             "closed: removed", self.st._path_for_log(inode))
+                self.st.cut_off[inode.ino] = self.st.ns.path_of(inode.ino)
                 self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
             self.abandoning.restore_size(inode)
         self._settle_unclosed_versions(closed)
@@ -106,7 +107,8 @@ class Recovery:
                              "removed while a reader or an upload held it): kept at %s",
                              ino, ver, kept)
                     continue
-                self.st.cut_off.add(ino)
+                if ino not in self.st.cut_off and known.parent:
+                    self.st.cut_off[ino] = self.st.ns.path_of(ino)
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
 

@@ -300,7 +300,7 @@ class CoreState:
         # dentry the kernel kept, a step on one answers ESTALE and the kernel looks the
         # name up again; an attribute change goes to the fresh one (``moved_to``).
         self.moved_away: OrderedDict[int, int] = OrderedDict()
-        self.cut_off: set[int] = set()     # writers the last stop cut off (recovery.py)
+        self.cut_off: dict[int, bytes] = {}    # writers the stop cut off, at (recovery)
         self.meta_limiter = trio.CapacityLimiter(16)
 
     # ------------------------------------------------------------------ helpers

@@ -210,3 +210,69 @@ def test_reopening_a_readers_descriptor_through_proc_after_a_save(
     # the reader's version (as a replaced file's reopen gives) or the file's new one
     whole = data in (V1, V2[:100], V1[:100])
     assert whole, f"reopened: {len(data)} bytes of no version"
+
+
+@pytest.mark.parametrize("new_len", [300_000, 1_000_000], ids=["shorter", "same-size"])
+def test_a_locked_readers_next_read_after_a_locked_save_is_the_save(
+        local_store, make_mount, new_len):
+    """A reader and a writer take turns by their locks.  On ext4 and tmpfs the
+    reader's next locked read through its descriptor reads the writer's save whole;
+    here it read the version before cut at the save's size (a review found it)."""
+    v2 = os.urandom(new_len)
+    mnt = make_mount(local_store, name="a", durability="async")
+    path = mnt.path / "latest.pt"
+    path.write_bytes(V1)
+    run_ckptfs("wait", str(mnt.path), check=True)
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        assert os.pread(reader, len(V1) + 1, 0) == V1
+        writer = os.open(path, os.O_WRONLY)          # lock first, then truncate
+        try:
+            with pytest.raises(BlockingIOError):     # the reader holds LOCK_SH
+                fcntl.flock(writer, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(reader, fcntl.LOCK_UN)       # the reader's turn ends
+            fcntl.flock(writer, fcntl.LOCK_EX)
+            os.ftruncate(writer, 0)
+            os.pwrite(writer, v2, 0)
+            fcntl.flock(writer, fcntl.LOCK_UN)
+        finally:
+            os.close(writer)
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        size = os.fstat(reader).st_size
+        got = os.pread(reader, size + 1, 0)
+        fcntl.flock(reader, fcntl.LOCK_UN)
+    finally:
+        os.close(reader)
+    by_name = path.read_bytes()
+    assert by_name == v2
+    assert got in (v2, V1), (
+        f"the locked reader read {len(got)} bytes (fstat {size}) of neither version: "
+        f"V1 cut at the new size: {got == V1[:new_len]}; "
+        f"V1 prefix: {V1.startswith(got)}; v2 prefix: {v2.startswith(got)}")
+    assert got == v2, "the reader read the version before (a disk gives the save)"
+
+
+def test_a_writer_beside_a_locked_passthrough_reader_opens(local_store, make_mount):
+    """A reader opened the file while its writer wrote it through the kernel
+    (passthrough) and holds ``LOCK_SH`` on it; the next saver opens the file to take
+    its turn by ``LOCK_EX``.  On a disk the open succeeds (and the lock waits); here it
+    was refused with EBUSY after 2 s (the locked file no longer moved, and the kernel
+    reads the version before through its backing file).  It moves, locks or not."""
+    mnt = make_mount(local_store, name="a", durability="async")
+    path = mnt.path / "latest.pt"
+    first = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.pwrite(first, V1, 0)
+    reader = os.open(path, os.O_RDONLY)          # beside the writer: passthrough
+    os.close(first)
+    run_ckptfs("wait", str(mnt.path), check=True)
+    try:
+        fcntl.flock(reader, fcntl.LOCK_SH)
+        assert os.pread(reader, len(V1) + 1, 0) == V1
+        try:
+            writer = os.open(path, os.O_WRONLY)
+        except OSError as exc:
+            pytest.fail(f"the next saver's open failed: {exc!r} (a disk opens it)")
+        os.close(writer)
+    finally:
+        os.close(reader)

@@ -24,7 +24,8 @@ from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.procstat import Opener, locked_in_kernel
 from ckptfs.store import MemoryStore
-from support.core import Core, open_core
+from support.core import Core, open_core, two_cores
+from test_save_beside_a_reader_of_a_version_not_uploaded import ASYNC, owed_beside_a_reader
 from test_save_beside_a_reader_on_its_node import NEW, OLD, save_over, step_by_name
 
 
@@ -87,3 +88,56 @@ async def test_a_moved_away_inode_opened_again_at_once_by_the_same_task_opens(tm
         assert await fs.read(again.fh, 0, len(OLD) + 1) == OLD
         await fs.release(again.fh)
         await fs.release(reader.fh)
+
+
+def _lock(fs, ino: int) -> None:
+    fs.st.locked_in_kernel = lambda locked: locked == ino      # flock(reader, SH)
+
+
+@pytest.mark.trio
+async def test_a_locked_readers_version_is_never_cut_by_a_save_in_place(tmp_path):
+    """Found by a review of the change above: the save went on in place, but the
+    reader kept reading the version it opened, through the kernel's size of the new
+    one -- the old bytes cut at the new size (torn; a disk gives the new bytes).  Its
+    readers now read the file as it is (``live``), as on a disk.  Here with a version
+    still owed to the store (async), which lands all the same."""
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store, ASYNC) as fs:
+        core = Core(fs, store)
+        uploading, old, reader = await owed_beside_a_reader(core, store)
+        _lock(fs, old)
+        with trio.fail_after(1.0):
+            acted = await step_by_name(core, lambda ino: save_over(core, ino))
+        assert acted == old
+        size = fs.getattr(old).size
+        seen = (await fs.read(reader.fh, 0, len(OLD) + 1))[:size]   # (the kernel's cut)
+        uploading.release()
+        with trio.fail_after(30):
+            await fs.wait_idle()
+        await fs.release(reader.fh)
+    assert seen == NEW, f"the locked reader read {len(seen)} bytes (size {size}): " \
+        f"OLD cut at the new size: {seen == OLD[:size]}"
+    async with open_core(tmp_path / "b", store, ASYNC) as fs:
+        other = Core(fs, store)
+        assert await other.load(await other.resolve("f0")) == NEW
+
+
+@pytest.mark.trio
+async def test_another_nodes_version_keeps_a_locked_files_name_on_its_inode(tmp_path):
+    """A reader here holds ``f0`` with a lock on it; another node's save arrives (a
+    listing).  The name moved to a fresh inode, where the next local opener's lock was
+    granted beside the reader's (found by the same review).  It stays, and the reader
+    reads the new version, as on a disk."""
+    store = MemoryStore()
+    async with two_cores(tmp_path, store, Config(durability="sync")) as (a, b):
+        ino = await a.save(ROOT_INO, b"f0", OLD)
+        reader = await a.fs.open(ino, os.O_RDONLY, a.me())
+        _lock(a.fs, ino)
+        await b.fs.refresh_dir(ROOT_INO, force=True)
+        await b.save(ROOT_INO, b"f0", NEW)
+        await a.fs.refresh_dir(ROOT_INO, force=True)
+        now = await a.resolve("f0")
+        got = await a.fs.read(reader.fh, 0, len(OLD) + 1)
+        await a.fs.release(reader.fh)
+    assert now == ino, "the name moved off the locked inode: its lock stops excluding"
+    assert got == NEW

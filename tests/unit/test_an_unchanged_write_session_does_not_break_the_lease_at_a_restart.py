@@ -25,7 +25,7 @@ from ckptfs.core import Config
 from ckptfs.errors import FsError
 from ckptfs.meta.namespace import ROOT_INO
 from ckptfs.store import AccessDenied, MemoryStore
-from support.core import Core, open_core, reached
+from support.core import WRITE_NEW, Core, open_core, reached
 from test_save_beside_a_reader_on_its_node import OLD
 
 pytestmark = pytest.mark.trio
@@ -83,19 +83,27 @@ async def test_a_checkpoint_is_sealed_after_a_restart_that_cut_no_writer(
         f"that cut no writer"
 
 
-async def test_a_writer_the_restart_cut_off_still_breaks_the_lease(tmp_path):
+@pytest.mark.parametrize("new_file", [False, True], ids=["saved before", "new file"])
+async def test_a_writer_the_restart_cut_off_still_breaks_the_lease(tmp_path, new_file):
     """What the rule is for: a shard being written when the daemon stopped (its
     working version unclosed) is lost, so the checkpoint must not be sealed without
-    it, whatever else lands."""
+    it, whatever else lands.  A new file is removed by the restart (it was never
+    closed): its name breaks the lease all the same (it was skipped, and the
+    checkpoint sealed without it)."""
     store = MemoryStore()
     async with open_core(tmp_path / "a", store, CONFIG) as fs:
         await fs.st.nursery.start(fs.leases.run)
         core = Core(fs, store)
         ck = await fs.mkdir(ROOT_INO, b"checkpoint-3", 0o755, 0, 0)
-        shard = await core.save(ck.ino, b"shard.bin", OLD)
-        with trio.fail_after(30):
-            await fs.wait_idle()
-        writer = await fs.open(shard, os.O_WRONLY | os.O_TRUNC, core.me())
+        if new_file:
+            await core.save(ck.ino, b"config.json", b"{}")
+            writer, _ = await fs.create(ck.ino, b"shard.bin", 0o644, WRITE_NEW, 0, 0,
+                                        core.me())
+        else:
+            shard = await core.save(ck.ino, b"shard.bin", OLD)
+            with trio.fail_after(30):
+                await fs.wait_idle()
+            writer = await fs.open(shard, os.O_WRONLY | os.O_TRUNC, core.me())
         await fs.write(writer.fh, 0, b"half of the next shard")
         shutil.copytree(tmp_path / "a", tmp_path / "restarted")   # the daemon dies
         dead = store.fail("*", AccessDenied("the daemon is gone"), times=-1)
@@ -105,7 +113,8 @@ async def test_a_writer_the_restart_cut_off_still_breaks_the_lease(tmp_path):
         await fs.st.nursery.start(fs.leases.run)
         core = Core(fs, store)
         ck_ino = await core.resolve("checkpoint-3")
-        assert await core.load(await core.resolve("checkpoint-3/shard.bin")) == OLD
+        if not new_file:
+            assert await core.load(await core.resolve("checkpoint-3/shard.bin")) == OLD
         await core.save(ck_ino, b"trainer_state.json", b'{"global_step": 3}')  # the mark
         with trio.fail_after(30):
             await fs.wait_idle()
