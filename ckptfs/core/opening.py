@@ -216,6 +216,7 @@ class Opening:
             self.st.refuse_if_moved_away(ino)       # ESTALE
         went = self._went_on_in_place.get(ino)
         if went is not None and time.monotonic() - went < IN_PLACE_QUIET:
+            _readers_follow_the_file(self.st, ino)      # (as below, without the wait)
             return
         with trio.move_on_after(PASSTHROUGH_DRAIN):
             while self._read_by_its_readers(ino):
@@ -226,10 +227,14 @@ class Opening:
             self._went_on_in_place[ino] = time.monotonic()
             while len(self._went_on_in_place) > MOVED_AWAY_KEPT:
                 self._went_on_in_place.popitem(last=False)
+            # (kept, their version would be read through the kernel's size of the new
+            #  one: torn; as on a disk, they read the file as it is from now on)
+            _readers_follow_the_file(self.st, ino)
             inode = self.st.ns.maybe_get(ino)
             log.warning("%s: saved over while a reader here holds the version before, "
-                        "which is not in the store yet: that reader's reads follow the "
-                        "new size", self.st._path_for_log(inode) if inode else ino)
+                        "which is not in the store yet: that reader reads the file as "
+                        "it is from now on, as on a disk",
+                        self.st._path_for_log(inode) if inode else ino)
 
     @no_await
     def _fresh_inode_for_name(self, ino: int, held_here: bool = False,

@@ -14,6 +14,9 @@ size and bytes.  A version still owed to the store waits for its upload first (u
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import errno
 import os
 
@@ -110,14 +113,11 @@ async def test_no_reader_no_fresh_inode(tmp_path):
         assert await core.load(old) == NEW
 
 
-async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_place_once(
-        tmp_path, monkeypatch, caplog):
-    """The version the reader holds is not in the store (its upload held) and cannot
-    go to a fresh inode (a hard-linked file's: ``taken.may_hand_over``; a plain file's
-    does, test_save_beside_a_reader_of_a_version_not_uploaded.py): the first save waits
-    for it, then goes on in place and says so; the next save within ``IN_PLACE_QUIET``
-    does not wait again (an appending logger beside a ``tail -f``)."""
-    import logging
+@asynccontextmanager
+async def a_linked_file(tmp_path, monkeypatch) -> AsyncIterator[tuple]:
+    """An async core (a short drain wait) with ``f0`` saved, landed and hard-linked as
+    ``f1``: its versions cannot move to a fresh inode until they land.  (fs, core,
+    store, the inode)."""
     from ckptfs.core import opening
     monkeypatch.setattr(opening, "PASSTHROUGH_DRAIN", 0.2)
     store = MemoryStore()
@@ -128,6 +128,18 @@ async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_pla
         await fs.link(old, ROOT_INO, b"f1")
         with trio.fail_after(30):
             await fs.wait_idle()
+        yield fs, core, store, old
+
+
+async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_place_once(
+        tmp_path, monkeypatch, caplog):
+    """The version the reader holds is not in the store (its upload held) and cannot
+    go to a fresh inode (a hard-linked file's: ``taken.may_hand_over``; a plain file's
+    does, test_save_beside_a_reader_of_a_version_not_uploaded.py): the first save waits
+    for it, then goes on in place and says so; the next save within ``IN_PLACE_QUIET``
+    does not wait again (an appending logger beside a ``tail -f``)."""
+    import logging
+    async with a_linked_file(tmp_path, monkeypatch) as (fs, core, store, old):
         uploading = store.gate("put", prefix="chunks/", times=1000)
         await save_over(core, old)
         reader = await fs.open(old, os.O_RDONLY, core.me())
@@ -142,6 +154,33 @@ async def test_beside_a_reader_of_a_version_not_uploaded_the_save_goes_on_in_pla
         with trio.fail_after(30):
             await fs.wait_idle()
         assert await core.load(old) == NEW
+
+
+async def test_a_reader_beside_a_save_in_place_reads_the_file_as_it_is(tmp_path,
+                                                                      monkeypatch):
+    """Where the name cannot move (a hard-linked file's version not in the store
+    yet), the save goes on in place after the wait.  Its reader kept reading the
+    version it had opened -- through the kernel's size of the new one, which cuts
+    every read (measured on a mount, stop 50: read to EOF and read by ``fstat`` size
+    both gave the old version's first 1 MiB of 3).  It reads the file as it is, as on
+    a disk."""
+    async with a_linked_file(tmp_path, monkeypatch) as (fs, core, store, old):
+        uploading = store.gate("put", prefix="chunks/", times=1000)
+        handle = await fs.open(old, os.O_WRONLY | os.O_TRUNC, core.me())
+        await fs.write(handle.fh, 0, OLD)
+        await fs.flush(handle.fh)
+        await fs.release(handle.fh)
+        reader = await fs.open(old, os.O_RDONLY, core.me())
+        await save_over(core, old)
+        assert await core.resolve("f0") == old
+        size = fs.getattr(old).size
+        seen = (await fs.read(reader.fh, 0, len(OLD) + 1))[:size]   # (the kernel's cut)
+        await fs.release(reader.fh)
+        uploading.release()
+        with trio.fail_after(30):
+            await fs.wait_idle()
+    assert seen == NEW, f"read {len(seen)} bytes (size {size}): the version before " \
+        f"cut at the new size: {seen == OLD[:size]}"
 
 
 async def test_the_writers_retry_pass_is_spent_even_where_the_retry_meets_no_reader(
