@@ -176,8 +176,8 @@ class Rename:
                           **self.entries._identity(inode), "replaced": None}
                 replaced = self._move_and_log(inode, record, old_dir, old_name, new_dir,
                                               new_name)
-            if replaced is not None and not replaced.parent and \
-                    not self.st._is_open(replaced.ino):
+            if replaced is not None and not replaced.parent:
+                # (open too: its readers' last release must not cut the linger short)
                 linger_then_delete(self.st, replaced, self.publisher._delete_inode)
         for ino in inos + [inode.ino]:
             self.st._drop_rt(ino)
@@ -434,7 +434,7 @@ class Rename:
             if never_closed and take_closed_version(self.st, inode, replaced):
                 self.publisher._journal_publish(inode)
             self.st.ns.unlink(replaced, new_parent, new_name)
-            if not replaced.parent and not self.st._is_open(replaced.ino):
+            if not replaced.parent:
                 # Its staging files go only once the move is committed (a failed
                 # commit shows it again, named).
                 self.st.ns.after_commit(lambda: linger_then_delete(

@@ -118,3 +118,23 @@ async def test_a_reader_that_opened_it_does_not_cut_the_linger_short(tmp_path,
         await trio.sleep(short_linger * 2)
         assert fs.ns.maybe_get(old) is None, "kept after the linger"
         assert not fs.staging.versions_of(old)
+
+
+async def test_a_file_open_when_it_was_replaced_lingers_past_its_readers_release(
+        tmp_path, short_linger: float):
+    """The same when a reader had the file open at the rename: its release deleted
+    the file at once, and a late open met ESTALE (CI, stop 50, again)."""
+    store = MemoryStore()
+    async with open_core(tmp_path / "a", store, Config(durability="async")) as fs:
+        core = Core(fs, store)
+        old = await core.save(ROOT_INO, b"latest.pt", OLD)
+        first = await fs.open(old, os.O_RDONLY, core.me())
+        await core.save(ROOT_INO, b"tmp", NEW)
+        await fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"latest.pt", 0)
+        await fs.release(first.fh)
+        late = await fs.open(old, os.O_RDONLY, core.me())    # (resolved before too)
+        assert await fs.read(late.fh, 0, len(OLD) + 10) == OLD
+        await fs.release(late.fh)
+        await trio.sleep(short_linger * 2)
+        assert fs.ns.maybe_get(old) is None, "kept after the linger"
+        assert not fs.staging.versions_of(old)
