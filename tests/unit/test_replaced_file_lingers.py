@@ -99,6 +99,18 @@ async def test_a_replaced_file_left_at_a_stop_goes_at_the_next_start(tmp_path,
         assert await restarted.load(await restarted.resolve("latest.pt")) == NEW
 
 
+async def a_late_open_reads_it_then_it_goes(fs, core: Core, old: int,
+                                            linger_s: float) -> None:
+    """An open that resolved the name before the rename reads the version it had; the
+    file goes once the linger is over."""
+    late = await fs.open(old, os.O_RDONLY, core.me())
+    assert await fs.read(late.fh, 0, len(OLD) + 10) == OLD
+    await fs.release(late.fh)
+    await trio.sleep(linger_s * 2)
+    assert fs.ns.maybe_get(old) is None, "kept after the linger"
+    assert not fs.staging.versions_of(old)
+
+
 async def test_a_reader_that_opened_it_does_not_cut_the_linger_short(tmp_path,
                                                                        short_linger: float):
     """A reader opens the replaced file and lets it go within the linger: the next
@@ -112,12 +124,7 @@ async def test_a_reader_that_opened_it_does_not_cut_the_linger_short(tmp_path,
         old = await replaced(core)
         first = await fs.open(old, os.O_RDONLY, core.me())
         await fs.release(first.fh)
-        late = await fs.open(old, os.O_RDONLY, core.me())    # (resolved before too)
-        assert await fs.read(late.fh, 0, len(OLD) + 10) == OLD
-        await fs.release(late.fh)
-        await trio.sleep(short_linger * 2)
-        assert fs.ns.maybe_get(old) is None, "kept after the linger"
-        assert not fs.staging.versions_of(old)
+        await a_late_open_reads_it_then_it_goes(fs, core, old, short_linger)
 
 
 async def test_a_file_open_when_it_was_replaced_lingers_past_its_readers_release(
@@ -132,9 +139,4 @@ async def test_a_file_open_when_it_was_replaced_lingers_past_its_readers_release
         await core.save(ROOT_INO, b"tmp", NEW)
         await fs.rename(ROOT_INO, b"tmp", ROOT_INO, b"latest.pt", 0)
         await fs.release(first.fh)
-        late = await fs.open(old, os.O_RDONLY, core.me())    # (resolved before too)
-        assert await fs.read(late.fh, 0, len(OLD) + 10) == OLD
-        await fs.release(late.fh)
-        await trio.sleep(short_linger * 2)
-        assert fs.ns.maybe_get(old) is None, "kept after the linger"
-        assert not fs.staging.versions_of(old)
+        await a_late_open_reads_it_then_it_goes(fs, core, old, short_linger)
