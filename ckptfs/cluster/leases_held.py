@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from ..errors import FsError
 from ..store.retrypolicy import RetryPolicy
 from .leases_common import Held, LeaseBook, lease_key
 from ..meta.namespace import ROOT_INO, Inode
@@ -100,7 +101,10 @@ class HeldLeases:
 
     def _below(self, path: bytes, dir_ino: int) -> str:
         """``path`` (from the mount's root) relative to the directory ``dir_ino``."""
-        top = self.ns.path_of(dir_ino).rstrip(b"/") + b"/"
+        try:
+            top = self.ns.path_of(dir_ino).rstrip(b"/") + b"/"
+        except FsError:             # (a directory above it has no name left here)
+            top = b"\0"
         rel = path[len(top):] if path.startswith(top) else path
         return rel.decode("utf-8", "surrogateescape")
 

@@ -32,7 +32,7 @@ REPLACED_LINGER = 2.0
 
 def linger_then_delete(st: CoreState, inode: Inode,
                        delete_inode: Callable[[Inode], None]) -> None:
-    """``inode`` lost its last name to a rename and nobody has it open: it goes after
+    """``inode`` lost its last name to a rename (open or not): it goes after
     ``REPLACED_LINGER`` seconds, or with its last release after that if it is open
     then.  Not at the last release of a reader that opened it meanwhile: an open that
     resolved the name before the rename may still be on its way (four writers

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..errors import FsError
 from ..meta.namespace import ROOT_INO, Inode
 from .state import CoreState
 
@@ -68,7 +69,7 @@ class Recovery:
             if not inode.published and inode.parent:
                 log.warning("%s was open for writing when the daemon stopped and never "
                             "closed: removed", self.st._path_for_log(inode))
-                self.st.cut_off[inode.ino] = self.st.ns.path_of(inode.ino)
+                self.st.cut_off[inode.ino] = self._path_of(inode.ino)
                 self.st.ns.with_room(lambda: self.st.ns.unlink(inode, all_names=True))
             self.abandoning.restore_size(inode)
         self._settle_unclosed_versions(closed)
@@ -108,9 +109,17 @@ class Recovery:
                              ino, ver, kept)
                     continue
                 if ino not in self.st.cut_off and known.parent:
-                    self.st.cut_off[ino] = self.st.ns.path_of(ino)
+                    self.st.cut_off[ino] = self._path_of(ino)
                 log.warning("staging version %d.%d was open for writing when the daemon "
                             "stopped: not published, kept at %s", ino, ver, kept)
+
+    def _path_of(self, ino: int) -> bytes:
+        """``ino``'s path, or a placeholder where a directory above it has no name
+        left here (kept nameless for the work in it): recovery must go on."""
+        try:
+            return self.st.ns.path_of(ino)
+        except FsError:
+            return b"<inode %d>" % ino
 
     def _publish_unjournaled(self, owed: list[int]) -> None:
         """A closed version the store is owed whose publish no record names: a sync
